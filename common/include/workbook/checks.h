@@ -1,0 +1,94 @@
+// workbook/checks.h: input checks shared by every stage.
+//
+// Every entry point of every extension checks its inputs before touching them. A failed check
+// raises a Python exception whose message names the argument, says what was expected and what was
+// got, e.g.
+//
+//   TypeError: lltm: `weights` must be a floating-point tensor, got Long
+//   ValueError: lltm: `old_h` must have 2 dimensions (batch, state), got 3 with sizes [2, 3, 4]
+//
+// The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes,
+// TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices and layout.
+// Every check is cheap (metadata only): call them at the top of an op, before dispatching a kernel.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace workbook {
+
+// The name of an input, with the op it belongs to, for messages: "lltm: `weights`".
+struct Arg {
+  const char* op;
+  const char* name;
+};
+
+inline std::string describe(const Arg& arg) {
+  return std::string(arg.op) + ": `" + arg.name + "`";
+}
+
+inline void check_defined(const at::Tensor& t, const Arg& arg) {
+  TORCH_CHECK_VALUE(t.defined(), describe(arg), " must be a tensor, got an undefined tensor (None)");
+}
+
+inline void check_floating(const at::Tensor& t, const Arg& arg) {
+  check_defined(t, arg);
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), describe(arg),
+                   " must be a floating-point tensor, got ", t.scalar_type());
+}
+
+inline void check_dtype(const at::Tensor& t, const Arg& arg, at::ScalarType expected) {
+  check_defined(t, arg);
+  TORCH_CHECK_TYPE(t.scalar_type() == expected, describe(arg), " must have dtype ", expected,
+                   " (the dtype of the first input), got ", t.scalar_type());
+}
+
+inline void check_device_type(const at::Tensor& t, const Arg& arg, c10::DeviceType expected) {
+  check_defined(t, arg);
+  TORCH_CHECK(t.device().type() == expected, describe(arg), " must be a ",
+              c10::DeviceTypeName(expected), " tensor, got a tensor on ", t.device());
+}
+
+inline void check_contiguous(const at::Tensor& t, const Arg& arg) {
+  check_defined(t, arg);
+  TORCH_CHECK(t.is_contiguous(), describe(arg), " must be contiguous, got sizes ", t.sizes(),
+              " with strides ", t.strides(), " (call .contiguous() first)");
+}
+
+inline void check_same_device(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
+                              const Arg& other_arg) {
+  TORCH_CHECK(t.device() == other.device(), describe(arg), " must be on the same device as `",
+              other_arg.name, "` (", other.device(), "), got ", t.device());
+}
+
+// `what` names the dimensions for the reader, e.g. "(batch, state)".
+inline void check_dim(const at::Tensor& t, const Arg& arg, int64_t ndim, const char* what) {
+  check_defined(t, arg);
+  TORCH_CHECK_VALUE(t.dim() == ndim, describe(arg), " must have ", ndim, " dimension",
+                    ndim == 1 ? "" : "s", " ", what, ", got ", t.dim(), " with sizes ", t.sizes());
+}
+
+// Size of dimension `dim` must be `expected`; `why` says where the expectation comes from.
+inline void check_size(const at::Tensor& t, const Arg& arg, int64_t dim, int64_t expected,
+                       const std::string& why) {
+  TORCH_CHECK_VALUE(t.size(dim) == expected, describe(arg), " must have size ", expected,
+                    " in dimension ", dim, " (", why, "), got sizes ", t.sizes());
+}
+
+inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
+                             const Arg& other_arg) {
+  TORCH_CHECK_VALUE(t.sizes() == other.sizes(), describe(arg), " must have the shape of `",
+                    other_arg.name, "` ", other.sizes(), ", got ", t.sizes());
+}
+
+// Index math in 32-bit kernels is only safe below 2^31 elements.
+inline void check_32bit_indexable(const at::Tensor& t, const Arg& arg) {
+  TORCH_CHECK(t.numel() <= static_cast<int64_t>(INT32_MAX), describe(arg), " has ", t.numel(),
+              " elements; this kernel indexes with 32-bit integers and supports at most 2^31 - 1");
+}
+
+}  // namespace workbook

@@ -1,0 +1,30 @@
+"""Build stage 01 ahead of time: `make stage 1`, or from this folder `python setup.py build`.
+
+The build goes under the repository's build/ folder (see common/workbook/build.py), never into
+the source tree.
+"""
+
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "common"))
+from workbook import build  # noqa: E402
+
+setup(
+    name="z2xy",
+    version="0.1.0",
+    packages=["z2xy"],
+    ext_modules=[
+        CppExtension(
+            "z2xy._C",
+            ["csrc/z2xy.cpp"],
+            include_dirs=build.include_dirs(),
+            extra_compile_args=build.cxx_flags(),
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+    options=build.setup_options("01_z2xy"),
+)

@@ -1,0 +1,146 @@
+// Stage 02: the LLTM cell in ATen C++ on the CPU, built ahead of time with setuptools.
+//
+// Build and test:  make stage 2            (stage 03 compiles this same file just in time)
+// What it shows:   a real op written with ATen tensor calls: a GEMM, gate nonlinearities, and a
+//                  hand-written backward that returns the gradient of every input.
+//
+// The cell, with x (B x F), h and c (B x S), W (3S x (F + S)) and b (3S):
+//   X = [h, x]                       (B x (S + F))
+//   G = X W^T + b                    (B x 3S), three S-wide chunks G0 | G1 | G2
+//   i = sigmoid(G0)   o = sigmoid(G1)   c^ = elu(G2)       input gate, output gate, candidate
+//   c' = c + c^ * i   h' = tanh(c') * o
+//
+// forward returns [h', c', G]; G, the pre-activation gates, is all the backward needs to rebuild
+// i, o and c^ (the cell recomputes them rather than store three more B x S tensors).
+//
+// Sections: checks, forward, backward, bindings.
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "workbook/checks.h"
+
+namespace {
+
+using workbook::Arg;
+
+constexpr const char* kOp = "lltm";
+
+// Input checks: floating point, one dtype, CPU, 2-D, and sizes that agree with each other.
+// Shapes, not layouts: ATen handles any strides, so non-contiguous inputs are fine here.
+void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights,
+                          const at::Tensor& bias, const at::Tensor& old_h,
+                          const at::Tensor& old_cell) {
+  const Arg input_arg{kOp, "input"}, weights_arg{kOp, "weights"}, bias_arg{kOp, "bias"},
+      h_arg{kOp, "old_h"}, c_arg{kOp, "old_cell"};
+  workbook::check_floating(input, input_arg);
+  for (const auto& [t, arg] : {std::pair{weights, weights_arg}, {bias, bias_arg}, {old_h, h_arg},
+                               {old_cell, c_arg}}) {
+    workbook::check_dtype(t, arg, input.scalar_type());
+  }
+  for (const auto& [t, arg] : {std::pair{input, input_arg}, {weights, weights_arg},
+                               {bias, bias_arg}, {old_h, h_arg}, {old_cell, c_arg}}) {
+    workbook::check_device_type(t, arg, c10::DeviceType::CPU);
+  }
+  workbook::check_dim(input, input_arg, 2, "(batch, features)");
+  workbook::check_dim(old_h, h_arg, 2, "(batch, state)");
+  workbook::check_dim(old_cell, c_arg, 2, "(batch, state)");
+  workbook::check_dim(weights, weights_arg, 2, "(3 * state, state + features)");
+  workbook::check_dim(bias, bias_arg, 1, "(3 * state)");
+
+  const int64_t batch = input.size(0), features = input.size(1), state = old_h.size(1);
+  workbook::check_size(old_h, h_arg, 0, batch, "batch size of `input`");
+  workbook::check_same_shape(old_cell, c_arg, old_h, h_arg);
+  workbook::check_size(weights, weights_arg, 0, 3 * state, "3 * state size of `old_h`");
+  workbook::check_size(weights, weights_arg, 1, state + features,
+                       "state size of `old_h` + features of `input`");
+  workbook::check_size(bias, bias_arg, 0, 3 * state, "3 * state size of `old_h`");
+}
+
+// Derivatives of the gate nonlinearities, on whole tensors (the fused kernels of later stages use
+// the scalar versions in workbook/math.h instead).
+at::Tensor d_sigmoid(const at::Tensor& z) {
+  const auto s = at::sigmoid(z);
+  return (1 - s) * s;
+}
+
+at::Tensor d_tanh(const at::Tensor& z) {
+  return 1 - z.tanh().pow(2);
+}
+
+at::Tensor d_elu(const at::Tensor& z, double alpha = 1.0) {
+  const auto e = z.exp();
+  return at::where(z > 0, at::ones_like(z), alpha * e);
+}
+
+std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights,
+                                     const at::Tensor& bias, const at::Tensor& old_h,
+                                     const at::Tensor& old_cell) {
+  check_forward_inputs(input, weights, bias, old_h, old_cell);
+
+  const auto X = at::cat({old_h, input}, /*dim=*/1);
+  const auto gates = at::addmm(bias, X, weights.t());  // b + X W^T, one GEMM
+
+  const auto chunks = gates.chunk(3, /*dim=*/1);
+  const auto input_gate = at::sigmoid(chunks[0]);
+  const auto output_gate = at::sigmoid(chunks[1]);
+  const auto candidate_cell = at::elu(chunks[2], /*alpha=*/1.0);
+
+  const auto new_cell = old_cell + candidate_cell * input_gate;
+  const auto new_h = at::tanh(new_cell) * output_gate;
+
+  return {new_h, new_cell, gates};
+}
+
+// Given dL/dh' and dL/dc', the gradients of every input, in the order
+// [d_input, d_weights, d_bias, d_old_h, d_old_cell].
+std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                                      const at::Tensor& new_cell, const at::Tensor& gates,
+                                      const at::Tensor& input, const at::Tensor& old_h,
+                                      const at::Tensor& weights) {
+  const Arg grad_h_arg{"lltm_backward", "grad_h"}, grad_cell_arg{"lltm_backward", "grad_cell"};
+  workbook::check_floating(grad_h, grad_h_arg);
+  workbook::check_same_shape(grad_h, grad_h_arg, new_cell, Arg{"lltm_backward", "new_cell"});
+  workbook::check_same_shape(grad_cell, grad_cell_arg, new_cell, Arg{"lltm_backward", "new_cell"});
+
+  const auto chunks = gates.chunk(3, /*dim=*/1);
+  const auto input_gate = at::sigmoid(chunks[0]);
+  const auto output_gate = at::sigmoid(chunks[1]);
+  const auto candidate_cell = at::elu(chunks[2], /*alpha=*/1.0);
+
+  // c' reaches the loss directly (grad_cell) and through h' = tanh(c') o.
+  const auto d_new_cell = grad_cell + grad_h * output_gate * d_tanh(new_cell);
+  const auto d_output_gate = grad_h * at::tanh(new_cell);
+  const auto d_input_gate = d_new_cell * candidate_cell;
+  const auto d_candidate_cell = d_new_cell * input_gate;
+
+  // Back through the nonlinearities to the pre-activation gates G.
+  const auto d_gates = at::cat({d_input_gate * d_sigmoid(chunks[0]),
+                                d_output_gate * d_sigmoid(chunks[1]),
+                                d_candidate_cell * d_elu(chunks[2])},
+                               /*dim=*/1);
+
+  // And through G = X W^T + b.
+  const auto X = at::cat({old_h, input}, /*dim=*/1);
+  const auto d_weights = d_gates.t().mm(X);
+  const auto d_bias = d_gates.sum(/*dim=*/0);
+  const auto d_X = d_gates.mm(weights);
+  const int64_t state = old_h.size(1);
+  const auto d_old_h = d_X.slice(/*dim=*/1, 0, state);
+  const auto d_input = d_X.slice(/*dim=*/1, state);
+
+  return {d_input, d_weights, d_bias, d_old_h, /*d_old_cell=*/d_new_cell};
+}
+
+}  // namespace
+
+// TORCH_EXTENSION_NAME is `_C` from setup.py (lltm_cpp._C) and `lltm_jit` in stage 03.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "LLTM cell: forward and backward in ATen C++ (CPU)";
+  m.def("forward", &lltm_forward, "LLTM forward: [new_h, new_cell, gates]", py::arg("input"),
+        py::arg("weights"), py::arg("bias"), py::arg("old_h"), py::arg("old_cell"));
+  m.def("backward", &lltm_backward,
+        "LLTM backward: [d_input, d_weights, d_bias, d_old_h, d_old_cell]", py::arg("grad_h"),
+        py::arg("grad_cell"), py::arg("new_cell"), py::arg("gates"), py::arg("input"),
+        py::arg("old_h"), py::arg("weights"));
+}
