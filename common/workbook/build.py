@@ -182,6 +182,7 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
             print(f"[build] stage {s.number} ({s.folder}) is up to date in {s.lib_dir}")
         return s.lib_dir
     s.build_dir.mkdir(parents=True, exist_ok=True)
+    tools_on_path()
     log = s.build_dir / "build.log"
     env = dict(os.environ, MAX_JOBS=max_jobs())
     if not quiet:
@@ -204,9 +205,18 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
     return s.lib_dir
 
 
+def tools_on_path() -> None:
+    """Put this interpreter's bin folder first on PATH: torch runs `ninja` by name, and a venv's
+    ninja lives there even when the venv is not activated."""
+    bin_dir = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
 def import_stage(number_or_folder: int | str, *, quiet: bool = True):
     """Build stage N if needed and import its package. JIT stages build themselves on import."""
     s = stage(number_or_folder)
+    tools_on_path()
     path = build_stage(s.number, quiet=quiet) if s.kind == "setup" else s.source_dir
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
@@ -216,16 +226,21 @@ def import_stage(number_or_folder: int | str, *, quiet: bool = True):
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Build a workbook stage under build/.")
-    parser.add_argument("stage", help="stage number (1-5) or folder name")
+    parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
+    parser.add_argument("stage", help="stage number (1-5), folder name, or `all`")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
-    s = stage(args.stage)
-    if s.kind == "jit":
-        print(f"[build] stage {s.number} ({s.folder}) compiles just in time, on first import:")
-        import_stage(s.number, quiet=False)
-    else:
-        build_stage(s.number, force=args.force)
+    targets = list(STAGES.values()) if args.stage == "all" else [stage(args.stage)]
+    for s in targets:
+        if s.kind == "jit":
+            print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
+                  f"importing it (cached under {build_root() / 'jit'}) ...", flush=True)
+            start = time.perf_counter()
+            import_stage(s.number)
+            print(f"[build] stage {s.number} ({s.folder}) ready in "
+                  f"{time.perf_counter() - start:.1f} s")
+        else:
+            build_stage(s.number, force=args.force)
     return 0
 
 

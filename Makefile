@@ -1,0 +1,84 @@
+# The workbook's front door. `make help` lists the targets.
+#
+# Every target runs in one Python environment: .venv, created and filled from requirements.txt
+# the first time a target needs it, or the interpreter given as PYTHON=/path/to/python (which must
+# already have torch; no venv is created then). Everything built goes under build/.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+REPO := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+BUILD := $(REPO)/build
+VENV := $(REPO)/.venv
+BOOTSTRAP_PYTHON ?= python3
+
+ifdef PYTHON
+  PY := $(PYTHON)
+  ENV_READY := env-check
+else
+  PY := $(VENV)/bin/python
+  ENV_READY := $(VENV)/.installed
+endif
+
+# Builds: all cores unless MAX_JOBS says otherwise; caches and bytecode under build/; the
+# interpreter's bin folder first on PATH, so torch finds the ninja installed beside it.
+export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+export WORKBOOK_BUILD_DIR := $(BUILD)
+export TORCH_EXTENSIONS_DIR := $(BUILD)/jit
+export PYTHONPYCACHEPREFIX := $(BUILD)/pycache
+export PYTHONPATH := $(REPO)/common$(if $(PYTHONPATH),:$(PYTHONPATH))
+export PATH := $(dir $(abspath $(PY))):$(PATH)
+
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+STAGE := $(word 2,$(MAKECMDGOALS))
+
+.PHONY: help stage test demo clean distclean env env-check 1 2 3 4 5
+
+help:
+	@echo "PyTorch C++/CUDA extension workbook"
+	@echo
+	@echo "  make demo        build the stages this machine can build, check them, time them"
+	@echo "  make test        build everything and run the whole test suite"
+	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
+	@echo "  make env         create .venv and install requirements.txt (other targets do it too)"
+	@echo "  make clean       remove build/ (every build output and JIT cache)"
+	@echo "  make distclean   remove build/ and .venv"
+	@echo
+	@echo "  PYTHON=/path/to/python make ...   use that interpreter (with torch) instead of .venv"
+	@echo "  MAX_JOBS=N make ...               parallel compile jobs (now $(MAX_JOBS))"
+
+# -- environment ------------------------------------------------------------------------------
+
+env: $(ENV_READY)
+
+$(VENV)/.installed: requirements.txt scripts/bootstrap.sh
+	@scripts/bootstrap.sh venv $(VENV) $(BOOTSTRAP_PYTHON)
+	@touch $@
+
+env-check:
+	@scripts/bootstrap.sh check $(PY)
+
+# -- building and testing ---------------------------------------------------------------------
+
+# `make stage 3`: the number is a goal of its own, which does nothing (see the last rule).
+stage: $(ENV_READY)
+	@if [ -z "$(STAGE)" ]; then echo "usage: make stage N   (N = 1..5)"; exit 2; fi
+	@$(PY) -m workbook.build $(STAGE)
+	@$(PYTEST) $$(ls $(REPO)/tests/test_stage0$(STAGE)_*.py) -q -rs
+
+test: $(ENV_READY)
+	@$(PY) -m workbook.build all
+	@$(PYTEST) $(REPO)/tests -q -rs
+
+demo: $(ENV_READY)
+	@$(PY) $(REPO)/scripts/demo.py
+
+clean:
+	rm -rf $(BUILD)
+
+distclean: clean
+	rm -rf $(VENV)
+
+# The N of `make stage N`.
+1 2 3 4 5:
+	@if [ "$(firstword $(MAKECMDGOALS))" != stage ]; then echo "did you mean: make stage $@"; fi

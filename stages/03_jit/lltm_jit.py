@@ -1,0 +1,53 @@
+"""Stage 03: the LLTM extension of stage 02, built just in time with cpp_extension.load.
+
+No setup.py and no separate build step: the first `import lltm_jit` compiles
+stages/02_lltm_cpp/csrc/lltm.cpp with ninja into build/jit/lltm_jit/ and loads the result.
+Later imports (in this process or the next) find the build up to date and only load it; editing
+the source makes the next load rebuild it.
+
+    WORKBOOK_VERBOSE_BUILD=1 python -c "import lltm_jit"    # watch the compiler lines
+
+The C++ is stage 02's, unchanged: one source, two ways to build it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "common") not in sys.path:
+    sys.path.insert(0, str(REPO / "common"))
+
+from torch.utils.cpp_extension import load  # noqa: E402
+
+from workbook import build  # noqa: E402
+from workbook.lltm import bind  # noqa: E402
+
+SOURCES = [REPO / "stages" / "02_lltm_cpp" / "csrc" / "lltm.cpp"]
+
+
+def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = False):
+    """Compile (if needed) and load the extension; returns the Python module.
+
+    torch decides whether to rebuild by hashing the sources and flags: unchanged, the load takes
+    well under a second; changed, ninja recompiles what changed. The build folder is returned
+    by `build.jit_dir(name)`: build.ninja, the object files and `<name>.so` live there.
+    """
+    build.tools_on_path()
+    return load(
+        name=name,
+        sources=[str(s) for s in sources],
+        extra_include_paths=build.include_dirs(),
+        extra_cflags=build.cxx_flags(),
+        build_directory=str(build.jit_dir(name)),
+        verbose=verbose,
+    )
+
+
+_C = load_extension(verbose=os.environ.get("WORKBOOK_VERBOSE_BUILD") == "1")
+
+LLTMFunction, lltm, LLTM = bind(_C, name="lltm_jit")
+
+__all__ = ["LLTMFunction", "lltm", "LLTM", "load_extension"]
