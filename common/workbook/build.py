@@ -152,9 +152,28 @@ def _built_libraries(s: Stage) -> list[Path]:
     return list((s.lib_dir / s.package).glob("*.so")) if s.lib_dir.is_dir() else []
 
 
+def build_record() -> str:
+    """What a library is built with; a stage whose record differs from this is out of date.
+
+    Mtimes alone miss a change of flags: a library built with WORKBOOK_CXX11_ABI=0 would still
+    look up to date once the switch is unset, and so would one built against another torch.
+    """
+    import torch
+
+    return f"torch {torch.__version__}\ncxx_flags {' '.join(cxx_flags())}\n"
+
+
+def _record_file(s: Stage) -> Path:
+    """build/stages/<stage>/build-flags.txt: the build_record() of the library in lib/."""
+    return s.build_dir / "build-flags.txt"
+
+
 def is_up_to_date(s: Stage) -> bool:
     libs = _built_libraries(s)
     if not libs:
+        return False
+    record = _record_file(s)
+    if not record.is_file() or record.read_text() != build_record():
         return False
     built = min(p.stat().st_mtime for p in libs)
     return all(p.stat().st_mtime <= built for p in _sources(s))
@@ -184,6 +203,7 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
     s.build_dir.mkdir(parents=True, exist_ok=True)
     tools_on_path()
     log = s.build_dir / "build.log"
+    _record_file(s).unlink(missing_ok=True)
     env = dict(os.environ, MAX_JOBS=max_jobs())
     if not quiet:
         print(
@@ -200,6 +220,7 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
             f"building stage {s.number} ({s.folder}) failed (exit {proc.returncode}); "
             f"full log: {log}\n{_first_errors(log)}"
         )
+    _record_file(s).write_text(build_record())
     if not quiet:
         print(f"[build] stage {s.number} ({s.folder}) built in {time.perf_counter() - start:.1f} s")
     return s.lib_dir
