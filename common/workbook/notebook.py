@@ -1,0 +1,465 @@
+"""Small helpers the notebooks share, so that each notebook reads as a lesson, not as plumbing.
+
+* `show_source(path, name)` shows a named C++/CUDA function (with the comment above it) or a
+  Python function/class, read from the stage's file, so the notebook never drifts from the code;
+  `show_source(path, lines=(a, b))` shows a line range;
+* `run(cmd)` runs a command in a subprocess and shows what it printed and how it exited (the ABI
+  lesson needs a fresh process: a failed import cannot be retried in the kernel);
+* `has_gpu()` / `no_gpu_reason()` decide whether the CUDA cells run, and say why not;
+* `lltm_inputs(...)`, `errors_vs_reference(...)` and `table(...)` check an op against the float64
+  reference and show the result; `sweep(...)` and `plot_sweep(...)` time several implementations
+  over a range of sizes and plot them.
+
+Everything here runs outside Jupyter too (then output is printed instead of displayed).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from . import reference
+from .testing import TOLERANCES
+
+REPO = Path(__file__).resolve().parents[2]
+
+LANGUAGES = {".cpp": "cpp", ".h": "cpp", ".cu": "cpp", ".cuh": "cpp", ".py": "python",
+             ".sh": "bash"}
+
+
+def _display(obj) -> None:
+    """IPython's display() inside a kernel, print() elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        print(obj)
+        return
+    if get_ipython() is None:
+        print(obj)
+    else:
+        display(obj)
+
+
+def relative(path: Path | str) -> str:
+    """A path as the reader knows it: relative to the repository root when it is inside it.
+    Symbolic links are kept (a venv's bin/python stays .venv/bin/python)."""
+    path = Path(os.path.abspath(path))
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Source excerpts
+
+
+class Excerpt:
+    """Lines of a source file; shown as a highlighted code block in Jupyter, as text elsewhere."""
+
+    def __init__(self, path: Path, first: int, last: int, text: str):
+        self.path, self.first, self.last, self.text = path, first, last, text
+
+    @property
+    def title(self) -> str:
+        return f"{relative(self.path)}, lines {self.first}-{self.last}"
+
+    def _repr_markdown_(self) -> str:
+        language = LANGUAGES.get(self.path.suffix, "")
+        return f"`{self.title}`\n\n```{language}\n{self.text}\n```"
+
+    def __repr__(self) -> str:
+        return f"# {self.title}\n{self.text}"
+
+    __str__ = __repr__
+
+
+def _code_only(line: str) -> str:
+    """A C++ line with string/char literals blanked and any // comment cut off (for brace counts)."""
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])*'", "''", line)
+    return line.split("//", 1)[0]
+
+
+def _cpp_definition(lines: list[str], name: str) -> tuple[int, int]:
+    """(first, last) 0-based line indices of the definition of `name` in C++/CUDA source.
+
+    The definition is the first occurrence of `name(` (or `name (`) whose next `{` comes before any
+    `;`: declarations and calls end in `;` first. It starts at its signature, or at the
+    `template <...>` line above it, and extends up over the comment block directly above; it ends
+    at the line of the matching closing brace.
+    """
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*\(")
+    code = [_code_only(ln) for ln in lines]
+    for start, text in enumerate(code):
+        match = pattern.search(text)
+        if not match:
+            continue
+        # Find the opening brace of the body, or a `;` that makes this a declaration or a call.
+        row, col, depth, opened = start, match.end() - 1, 0, None
+        while row < len(code) and opened is None:
+            for c in range(col, len(code[row])):
+                ch = code[row][c]
+                depth += ch == "("
+                depth -= ch == ")"
+                if depth == 0 and ch == ";":
+                    break
+                if depth == 0 and ch == "{":
+                    opened = (row, c)
+                    break
+            else:
+                row, col = row + 1, 0
+                continue
+            break
+        if opened is None:
+            continue
+        # Walk to the matching closing brace.
+        row, col, braces, end = opened[0], opened[1], 0, None
+        while row < len(code) and end is None:
+            for c in range(col, len(code[row])):
+                braces += code[row][c] == "{"
+                braces -= code[row][c] == "}"
+                if braces == 0:
+                    end = row
+                    break
+            row, col = row + 1, 0
+        if end is None:
+            break
+        first = start
+        if first > 0 and lines[first - 1].lstrip().startswith("template"):
+            first -= 1
+        while first > 0 and lines[first - 1].lstrip().startswith("//"):
+            first -= 1
+        return first, end
+    raise LookupError(f"no definition of `{name}` (a `{name}(` followed by a body) found")
+
+
+def _python_definition(source: str, name: str) -> tuple[int, int]:
+    """(first, last) 0-based line indices of the def or class `name`, decorators included."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and node.name == name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return first - 1, node.end_lineno - 1
+    raise LookupError(f"no def or class named `{name}`")
+
+
+def excerpt(path: Path | str, name: str | None = None, *,
+            lines: tuple[int, int] | None = None) -> Excerpt:
+    """The definition of `name` in the file at `path` (relative to the repository root or
+    absolute), or the 1-based inclusive line range `lines`."""
+    path = Path(path)
+    path = path if path.is_absolute() else REPO / path
+    source = path.read_text()
+    all_lines = source.splitlines()
+    if (name is None) == (lines is None):
+        raise ValueError("give either a name or a line range (lines=(first, last))")
+    try:
+        if lines is not None:
+            first, last = lines[0] - 1, min(lines[1], len(all_lines)) - 1
+            if not 0 <= first <= last:
+                raise LookupError(f"bad line range {lines} for a file of {len(all_lines)} lines")
+        elif path.suffix == ".py":
+            first, last = _python_definition(source, name)
+        else:
+            first, last = _cpp_definition(all_lines, name)
+    except LookupError as err:
+        raise LookupError(f"{relative(path)}: {err}") from None
+    return Excerpt(path, first + 1, last + 1, "\n".join(all_lines[first:last + 1]))
+
+
+def show_source(path: Path | str, name: str | None = None, *,
+                lines: tuple[int, int] | None = None) -> None:
+    """Show a function, class or line range of a source file (see `excerpt`)."""
+    _display(excerpt(path, name, lines=lines))
+
+
+def find_line(path: Path | str, text: str) -> int:
+    """The 1-based number of the first line of a file that contains `text`."""
+    path = Path(path)
+    path = path if path.is_absolute() else REPO / path
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise LookupError(f"{relative(path)}: no line contains {text!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands
+
+
+def _short(text: str) -> str:
+    """Paths in a command line shown relative to the repository, as the reader would type them."""
+    return text.replace(str(REPO) + "/", "")
+
+
+def run(cmd: Sequence[str] | str, *, env: Mapping[str, str] | None = None, cwd: Path | str = REPO,
+        expect: str = "success", show: Callable[[str], bool] | None = None,
+        max_lines: int = 40, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run a command in a subprocess; print it, what it printed (stdout and stderr together), how
+    long it took and its exit status.
+
+    `env` adds to (does not replace) this process's environment. `expect` is "success",
+    "failure" or "any": a command that does not end as expected raises, with its output. `show`
+    keeps only the lines it returns True for; `max_lines` keeps the last lines of long output.
+    """
+    if expect not in ("success", "failure", "any"):
+        raise ValueError(f"expect must be 'success', 'failure' or 'any', got {expect!r}")
+    argv = shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+    full_env = dict(os.environ, **(env or {}))
+    shown = [f"{k}={_short(v)}" for k, v in (env or {}).items()] + [_short(a) for a in argv]
+    print("$ " + " ".join(shlex.quote(s) for s in shown))
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    output = _short(proc.stdout)
+    kept = [ln for ln in output.splitlines() if show is None or show(ln)]
+    if len(kept) > max_lines:
+        print(f"    [... {len(kept) - max_lines} lines above not shown ...]")
+        kept = kept[-max_lines:]
+    for line in kept:
+        print("    " + line)
+    print(f"[exit status {proc.returncode}, {time.perf_counter() - start:.1f} s]")
+    failed = proc.returncode != 0
+    if (expect == "success" and failed) or (expect == "failure" and not failed):
+        raise RuntimeError(f"expected {expect} of {shlex.join(argv)}, got exit status "
+                           f"{proc.returncode}; output:\n{proc.stdout}")
+    return proc
+
+
+def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run a snippet of Python in a fresh interpreter (this one) with common/ on sys.path."""
+    env = dict(kwargs.pop("env", None) or {})
+    paths = [str(REPO / "common")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                      if p and p != str(REPO / "common")]
+    env.setdefault("PYTHONPATH", os.pathsep.join(paths))
+    return run([sys.executable, "-c", code], env=env, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def no_gpu_reason() -> str:
+    """Why the CUDA cells cannot run here ("" when they can)."""
+    if torch.cuda.is_available():
+        return ""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    return (f"no CUDA device is visible (torch {torch.__version__} is built for CUDA "
+            f"{torch.version.cuda}, but torch.cuda.is_available() is False)")
+
+
+def skip_without_gpu(what: str) -> bool:
+    """True when a GPU is here; otherwise print that `what` is skipped, and why, and return False."""
+    if has_gpu():
+        return True
+    print(f"[skipped] {what}: {no_gpu_reason()}.")
+    return False
+
+
+def describe_device(device: str) -> str:
+    from . import timing
+
+    return timing.describe_machine(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs, checks against the reference, tables
+
+LLTM_INPUT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+LLTM_OUTPUT_NAMES = ("new_h", "new_cell")
+
+
+def lltm_inputs(batch: int, features: int, state: int, *, device: str = "cpu",
+                dtype: torch.dtype = torch.float32, requires_grad: bool = True,
+                seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """(input, weights, bias, old_h, old_cell), weights in the module's +-1/sqrt(state) range."""
+    gen = torch.Generator().manual_seed(seed)
+    bound = state ** -0.5
+
+    def make(*shape, scale=1.0):
+        t = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
+        return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    return (make(batch, features), make(3 * state, features + state, scale=bound),
+            make(3 * state, scale=bound), make(batch, state), make(batch, state))
+
+
+def errors_vs_reference(fn: Callable, ref_fn: Callable, inputs: Sequence[torch.Tensor], *,
+                        output_names: Sequence[str], input_names: Sequence[str],
+                        seed: int = 0) -> list[tuple[str, float, float, bool]]:
+    """Rows (what, max |error|, tolerance, ok) for every output and every input gradient of
+    fn(*inputs), against ref_fn on float64 copies, with the same random output gradients."""
+    dtype = inputs[0].dtype
+    rtol, atol = TOLERANCES[dtype]
+
+    def outputs_and_grads(f, xs, grad_outputs=None):
+        outs = f(*xs)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        if grad_outputs is None:
+            gen = torch.Generator().manual_seed(seed)
+            grad_outputs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+        grads = torch.autograd.grad(outs, xs, [g.to(o) for g, o in zip(grad_outputs, outs)])
+        return outs, grads, grad_outputs
+
+    outs, grads, grad_outputs = outputs_and_grads(fn, inputs)
+    ref_outs, ref_grads, _ = outputs_and_grads(ref_fn, reference.in_float64(*inputs), grad_outputs)
+    rows = []
+    for label, got, want in [*zip(output_names, outs, ref_outs),
+                             *(("d " + n, g, r) for n, g, r in zip(input_names, grads, ref_grads))]:
+        want = want.detach().to(got.device)
+        err = (got.detach().double() - want).abs().max().item()
+        tol = atol + rtol * want.abs().max().item()
+        rows.append((label, err, tol, err <= tol))
+    return rows
+
+
+class Table:
+    """Rows under headers; a Markdown table in Jupyter, aligned text elsewhere."""
+
+    def __init__(self, headers: Sequence[str], rows: Iterable[Sequence]):
+        self.headers = list(headers)
+        self.rows = [[self._cell(v) for v in row] for row in rows]
+
+    @staticmethod
+    def _cell(value) -> str:
+        if isinstance(value, bool):
+            return "ok" if value else "MISMATCH"
+        if isinstance(value, float):
+            if value >= 100:
+                return f"{value:,.0f}"
+            return f"{value:.3g}" if value >= 0.01 or value == 0 else f"{value:.1e}"
+        return str(value)
+
+    def _repr_markdown_(self) -> str:
+        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        widths = [max(len(r[i]) for r in [self.headers, *self.rows]) for i in range(len(self.headers))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        return "\n".join(fmt.format(*r) for r in [self.headers, *self.rows])
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence]) -> None:
+    _display(Table(headers, rows))
+
+
+def check_against_reference(fn: Callable, ref_fn: Callable, inputs: Sequence[torch.Tensor], *,
+                            output_names: Sequence[str] = LLTM_OUTPUT_NAMES,
+                            input_names: Sequence[str] = LLTM_INPUT_NAMES) -> None:
+    """Show the table of errors against the float64 reference. Raises when any is outside its
+    tolerance: a notebook must not go on to time a wrong kernel."""
+    rows = errors_vs_reference(fn, ref_fn, inputs, output_names=output_names,
+                               input_names=input_names)
+    table(["compared with float64", "max |error|", "tolerance", ""], rows)
+    bad = [what for what, _, _, ok in rows if not ok]
+    if bad:
+        raise AssertionError(f"outside tolerance against the float64 reference: {', '.join(bad)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing sweeps and plots
+
+
+def sweep(implementations: Mapping[str, Callable], make_inputs: Callable[[int], Sequence],
+          sizes: Sequence[int], *, min_run_time: float = 0.05,
+          backward: bool = True) -> dict[str, dict[str, list[float]]]:
+    """Median times in microseconds: result[label]["forward" | "backward"][k] at sizes[k].
+
+    Each size gets fresh inputs from make_inputs(size), shared by every implementation, so the
+    implementations are compared on the same data in the same run.
+    """
+    from . import timing
+
+    results = {label: {"forward": [], "backward": []} for label in implementations}
+    for size in sizes:
+        inputs = make_inputs(size)
+        for label, fn in implementations.items():
+            if backward:
+                fwd, bwd = timing.forward_backward_us(fn, inputs, min_run_time=min_run_time)
+            else:
+                fwd, bwd = timing.median_us(lambda: fn(*inputs), min_run_time=min_run_time), None
+            results[label]["forward"].append(fwd)
+            results[label]["backward"].append(bwd)
+    return results
+
+
+def sweep_table(results: Mapping[str, Mapping[str, list]], sizes: Sequence[int], *,
+                size_label: str = "size", baseline: str | None = None) -> None:
+    """Show the sweep as one table per phase (forward, backward): each implementation's median
+    in microseconds, and its speed-up over `baseline` (the first implementation by default)."""
+    labels = list(results)
+    baseline = baseline or labels[0]
+    for phase in ("forward", "backward"):
+        if results[baseline][phase][0] is None:
+            continue
+        others = [label for label in labels if label != baseline]
+        headers = [size_label] + [f"{label} (us)" for label in labels]
+        headers += [f"{label} speed-up" for label in others]
+        rows = []
+        for k, size in enumerate(sizes):
+            row = [size] + [results[label][phase][k] for label in labels]
+            row += [f"{results[baseline][phase][k] / results[label][phase][k]:.2f}x"
+                    for label in others]
+            rows.append(row)
+        print(f"{phase}, median time per call:")
+        table(headers, rows)
+
+
+def plot_sweep(results: Mapping[str, Mapping[str, list]], sizes: Sequence[int], *,
+               xlabel: str, title: str, logx: bool = True):
+    """Forward and backward medians against size, one line per implementation; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    phases = [p for p in ("forward", "backward")
+              if next(iter(results.values()))[p][0] is not None]
+    fig, axes = plt.subplots(1, len(phases), figsize=(5.5 * len(phases), 3.8), squeeze=False)
+    for ax, phase in zip(axes[0], phases):
+        for label, times in results.items():
+            ax.plot(sizes, times[phase], marker="o", label=label)
+        ax.set_xscale("log" if logx else "linear", **({"base": 2} if logx else {}))
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("median time per call (us)")
+        ax.set_title(phase)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Folders
+
+
+def list_folder(folder: Path | str, *, pattern: str = "*", since: float | None = None) -> None:
+    """Files directly in `folder` with size and age; with `since` (a time.time()), mark the
+    ones written after it."""
+    folder = Path(folder)
+    now = time.time()
+    rows = []
+    for path in sorted(folder.glob(pattern)):
+        if not path.is_file():
+            continue
+        stat = path.stat()
+        row = [path.name, f"{stat.st_size / 1024:.1f} KiB", f"{now - stat.st_mtime:.0f} s ago"]
+        if since is not None:
+            row.append("new" if stat.st_mtime >= since else "")
+        rows.append(row)
+    print(f"{relative(folder)}/")
+    table(["file", "size", "written"] + (["this run"] if since is not None else []), rows)
