@@ -142,27 +142,34 @@ def _cpp_definition(lines: list[str], name: str) -> tuple[int, int]:
 
 
 def _python_definition(source: str, name: str) -> tuple[int, int]:
-    """(first, last) 0-based line indices of the def or class `name`, decorators included."""
+    """(first, last) 0-based line indices of the def or class `name` (decorators included), or
+    of the assignment to the variable `name` (say, a C++ source held in a string)."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
                 and node.name == name:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             return first - 1, node.end_lineno - 1
-    raise LookupError(f"no def or class named `{name}`")
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return node.lineno - 1, node.end_lineno - 1
+    raise LookupError(f"no def, class or assignment named `{name}`")
 
 
 def excerpt(path: Path | str, name: str | None = None, *,
             lines: tuple[int, int] | None = None) -> Excerpt:
     """The definition of `name` in the file at `path` (relative to the repository root or
-    absolute), or the 1-based inclusive line range `lines`."""
+    absolute), or the 1-based inclusive line range `lines`, or with neither, the whole file."""
     path = Path(path)
     path = path if path.is_absolute() else REPO / path
     source = path.read_text()
     all_lines = source.splitlines()
-    if (name is None) == (lines is None):
-        raise ValueError("give either a name or a line range (lines=(first, last))")
+    if name is not None and lines is not None:
+        raise ValueError("give a name or a line range (lines=(first, last)), not both")
     try:
-        if lines is not None:
+        if name is None and lines is None:
+            first, last = 0, len(all_lines) - 1
+        elif lines is not None:
             first, last = lines[0] - 1, min(lines[1], len(all_lines)) - 1
             if not 0 <= first <= last:
                 raise LookupError(f"bad line range {lines} for a file of {len(all_lines)} lines")
