@@ -262,6 +262,9 @@ def check_arch_list(torch, gpus) -> None:
         report("OK", "arch list", "not needed: this torch is CPU-only")
         return
     value = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if not value and not any(s.cuda for s in build.STAGES.values()):
+        report("OK", "arch list", "TORCH_CUDA_ARCH_LIST unset; not needed: no CUDA stage here")
+        return
     if not value:
         helper = getattr(build, "cuda_arch_list", None)
         if gpus:

@@ -268,6 +268,11 @@ while IFS=$'\t' read -r number folder kind root lib <&3; do
   else
     if [ "$number" = - ]; then say "$(short "$lib"): not built by a workbook stage"
     else say "stage $number ($folder): $(short "$lib")"; fi
+    if ! nm -D --undefined-only "$lib" >/dev/null 2>&1; then
+      why=$(nm -D "$lib" 2>&1 | head -n 1 || true)
+      say "  NOT A SHARED LIBRARY: nm cannot read its dynamic symbols${why:+ ($why)}"
+      status=1; continue
+    fi
     if diagnose "$kind" "$lib" "$root/stages/$folder/build-flags.txt"; then
       say "  OK: consistent with torch"
       continue
