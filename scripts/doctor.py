@@ -372,7 +372,7 @@ def check_jit_locks(torch) -> None:
     holders = lock_holders(locks)
     stale = [p for p in locks if p not in holders]
     running = ", ".join(f"{short(p.parent)} (pid {pid})" for p, pid in holders.items())
-    # torch up to 2.13 locks with FileBaton: the file's mere existence makes the next load wait
+    # Older torch locks with FileBaton: the file's mere existence makes the next load wait
     # forever. Newer torch holds an flock on it instead, so a leftover file is harmless.
     baton = hasattr(cpp_extension, "FileBaton")
     if stale and baton:
