@@ -16,6 +16,7 @@ Everything here runs outside Jupyter too (then output is printed instead of disp
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 import re
 import shlex
@@ -188,6 +189,30 @@ def show_source(path: Path | str, name: str | None = None, *,
     _display(excerpt(path, name, lines=lines))
 
 
+class Diff:
+    """A unified diff of two excerpts; a highlighted diff block in Jupyter, text elsewhere."""
+
+    def __init__(self, before: Excerpt, after: Excerpt):
+        self.before, self.after = before, after
+        self.text = "\n".join(difflib.unified_diff(
+            before.text.splitlines(), after.text.splitlines(), before.title, after.title,
+            n=max(len(before.text), len(after.text)), lineterm=""))
+
+    def _repr_markdown_(self) -> str:
+        return f"```diff\n{self.text}\n```"
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+def show_diff(before: Excerpt, after: Excerpt) -> None:
+    """Show how one excerpt became the other (say, a kernel from one stage to the next), in
+    full: every line, marked - (only before), + (only after) or unmarked (both)."""
+    _display(Diff(before, after))
+
+
 def find_line(path: Path | str, text: str) -> int:
     """The 1-based number of the first line of a file that contains `text`."""
     path = Path(path)
@@ -264,8 +289,8 @@ def no_gpu_reason() -> str:
         return ""
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is a CPU-only build"
-    return (f"no CUDA device is visible (torch {torch.__version__} is built for CUDA "
-            f"{torch.version.cuda}, but torch.cuda.is_available() is False)")
+    return (f"no CUDA device is visible: torch {torch.__version__} is built for CUDA "
+            f"{torch.version.cuda}, but torch.cuda.is_available() is False")
 
 
 def skip_without_gpu(what: str) -> bool:
@@ -274,6 +299,38 @@ def skip_without_gpu(what: str) -> bool:
         return True
     print(f"[skipped] {what}: {no_gpu_reason()}.")
     return False
+
+
+def peak_bandwidth_gbs(device: str = "cuda") -> float | None:
+    """The GPU's theoretical memory bandwidth in GB/s, from its memory clock and bus width (double
+    data rate); None where torch does not report them."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    if not clock_khz or not bus_bits:
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+
+
+def cuda_kernel_us(fn: Callable[[], object], kernel: str, *, calls: int = 20) -> float | None:
+    """Mean GPU time in microseconds of the CUDA kernels whose name contains `kernel`, per call
+    of fn(), from torch.profiler: the kernel alone, without launches, GEMMs or Python. None when
+    no such kernel ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm-up, outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    found = False
+    for event in prof.key_averages():
+        if kernel in event.key:
+            found = True
+            total += getattr(event, "device_time_total", None) or event.cuda_time_total
+    return total / calls if found else None
 
 
 def describe_device(device: str) -> str:
