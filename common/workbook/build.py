@@ -8,7 +8,10 @@ is built and imported:
 * every extension sees ``common/include`` (``#include "workbook/checks.h"``) and is compiled with
   torch's C++11 ABI setting, spelled out so it can be read (and, for the ABI lesson, flipped with
   ``WORKBOOK_CXX11_ABI=0|1``);
-* ``MAX_JOBS`` is honoured; when unset, it defaults to the number of cores.
+* ``MAX_JOBS`` is honoured; when unset, it defaults to the number of cores;
+* CUDA stages build with the toolkit `workbook.toolkit` finds (``CUDA_HOME`` is set for torch),
+  for the GPUs that are visible, or for sm_90 when none is (``TORCH_CUDA_ARCH_LIST``); where no
+  toolkit is found they are skipped with the reason, and stage 05 builds CPU-only.
 
 Run ``python -m workbook.build 1`` (with ``common/`` on ``sys.path``) to build stage 1 by hand.
 """
@@ -39,7 +42,8 @@ class Stage:
     folder: str  # folder name under stages/
     package: str  # importable Python package the stage provides
     kind: str  # "setup" (built ahead of time with setup.py), "jit" (built when imported)
-    cuda: bool = False  # needs a CUDA toolkit to build
+    cuda: bool = False  # has CUDA sources, compiled when a CUDA toolkit is found
+    cpu_fallback: bool = False  # with cuda: builds CPU-only (instead of being skipped) without one
 
     @property
     def source_dir(self) -> Path:
@@ -59,7 +63,13 @@ STAGES = {
     1: Stage(1, "01_z2xy", "z2xy", "setup"),
     2: Stage(2, "02_lltm_cpp", "lltm_cpp", "setup"),
     3: Stage(3, "03_jit", "lltm_jit", "jit"),
+    4: Stage(4, "04_cuda_raw", "lltm_cuda_raw", "setup", cuda=True),
+    5: Stage(5, "05_cuda_accessors", "lltm", "setup", cuda=True, cpu_fallback=True),
 }
+
+
+class StageSkipped(RuntimeError):
+    """A stage this machine cannot build (a CUDA stage without a CUDA toolkit); says why."""
 
 
 def stage(number_or_folder: int | str) -> Stage:
@@ -109,6 +119,81 @@ def cxx_flags() -> list[str]:
     return ["-O3", abi_flag()]
 
 
+def openmp_flags() -> list[str]:
+    """Compile and link flags for at::parallel_for in an extension's own code.
+
+    torch's parallel_for is OpenMP inlined from its headers (when torch is built with OpenMP, as
+    every Linux wheel is): the extension must be compiled with -fopenmp or the loop runs serially.
+    Linking with -fopenmp adds libgomp.so.1, the same library torch already loaded.
+    """
+    import torch
+
+    openmp = "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+    return ["-fopenmp"] if openmp else []
+
+
+def cpu_simd_flags() -> list[str]:
+    """Flags that let an extension's own CPU loops use at::vec::Vectorized with AVX2.
+
+    ATen compiles its kernels once per instruction set and picks one at run time; an extension
+    compiled with plain flags gets Vectorized's portable fallback, a scalar loop. Where the build
+    machine has AVX2, FMA and F16C (x86-64 since 2013), these select the AVX2 Vectorized, whose
+    exp and tanh come from the SLEEF library inside libtorch_cpu. The result then needs AVX2 to
+    run, like a -march=native build: fine for an extension built where it runs, as these are.
+    ``WORKBOOK_CPU_SIMD=0`` turns it off.
+    """
+    if os.environ.get("WORKBOOK_CPU_SIMD", "1") == "0":
+        return []
+    try:
+        cpu_flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    if all(f" {flag}" in cpu_flags for flag in ("avx2", "fma", "f16c")):
+        # ATen's vec headers say `#pragma unroll` (meant for nvcc), which gcc warns about.
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2",
+                "-Wno-unknown-pragmas"]
+    return []
+
+
+def nvcc_flags() -> list[str]:
+    """nvcc flags for every CUDA extension (torch adds -std and the -gencode flags).
+
+    -O3 for the device code; -lineinfo maps SASS back to source lines in Nsight Compute at no
+    run-time cost. No --use_fast_math: the LLTM kernels are memory-bound, so the faster but less
+    accurate exp/tanh would buy no time, and the kernels would drift from the CPU path.
+    """
+    return ["-O3", "-lineinfo", abi_flag()]
+
+
+def cuda_arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST: as set, else the visible GPUs' architectures, else 9.0 (Hopper).
+
+    Without it, torch compiles for the visible GPUs or, with none visible, for every
+    architecture it supports: slow, and pointless on a build machine with no GPU.
+    """
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    import torch
+
+    if torch.cuda.is_available():
+        archs = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return ";".join(f"{major}.{minor}" for major, minor in sorted(archs))
+    return "9.0"
+
+
+def cuda_toolkit():
+    """Find the CUDA toolkit and set up the environment to build with it: CUDA_HOME (before
+    torch.utils.cpp_extension is imported), TORCH_CUDA_ARCH_LIST, MAX_JOBS. Returns the
+    workbook.toolkit.Toolkit, or None when there is none (`toolkit.reason()` says why)."""
+    from . import toolkit
+
+    found = toolkit.use()
+    if found is not None:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
+        max_jobs()
+    return found
+
+
 def max_jobs() -> str:
     """Parallel compile jobs: MAX_JOBS when set, else the number of cores."""
     value = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
@@ -152,6 +237,16 @@ def _built_libraries(s: Stage) -> list[Path]:
     return list((s.lib_dir / s.package).glob("*.so")) if s.lib_dir.is_dir() else []
 
 
+def _toolkit_used(s: Stage) -> str:
+    """The CUDA toolkit a CUDA stage builds with now ("none": CPU-only), to rebuild on a change."""
+    found = cuda_toolkit() if s.cuda else None
+    return str(found.home) if found else "none"
+
+
+def _toolkit_stamp(s: Stage) -> Path:
+    return s.build_dir / "cuda_toolkit.txt"
+
+
 def build_record() -> str:
     """What a library is built with; a stage whose record differs from this is out of date.
 
@@ -175,6 +270,10 @@ def is_up_to_date(s: Stage) -> bool:
     record = _record_file(s)
     if not record.is_file() or record.read_text() != build_record():
         return False
+    if s.cuda:
+        stamp = _toolkit_stamp(s)
+        if not stamp.is_file() or stamp.read_text() != _toolkit_used(s):
+            return False
     built = min(p.stat().st_mtime for p in libs)
     return all(p.stat().st_mtime <= built for p in _sources(s))
 
@@ -196,6 +295,14 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
     s = stage(number_or_folder)
     if s.kind != "setup":
         raise ValueError(f"stage {s.number} ({s.folder}) is built when imported, not with setup.py")
+    if s.cuda and cuda_toolkit() is None:
+        from . import toolkit
+
+        if not s.cpu_fallback:
+            raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: {toolkit.reason()}")
+        if not quiet:
+            print(f"[build] stage {s.number} ({s.folder}): CUDA toolkit not found, building "
+                  f"CPU-only ({toolkit.reason()})")
     if not force and is_up_to_date(s):
         if not quiet:
             print(f"[build] stage {s.number} ({s.folder}) is up to date in {s.lib_dir}")
@@ -220,6 +327,8 @@ def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool
             f"building stage {s.number} ({s.folder}) failed (exit {proc.returncode}); "
             f"full log: {log}\n{_first_errors(log)}"
         )
+    if s.cuda:
+        _toolkit_stamp(s).write_text(_toolkit_used(s))
     _record_file(s).write_text(build_record())
     if not quiet:
         print(f"[build] stage {s.number} ({s.folder}) built in {time.perf_counter() - start:.1f} s")
@@ -261,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[build] stage {s.number} ({s.folder}) ready in "
                   f"{time.perf_counter() - start:.1f} s")
         else:
-            build_stage(s.number, force=args.force)
+            try:
+                build_stage(s.number, force=args.force)
+            except StageSkipped as skipped:
+                print(f"[build] {skipped}")
     return 0
 
 

@@ -1,0 +1,35 @@
+"""Build stage 04 ahead of time: `make stage 4`, or from this folder `python setup.py build`.
+
+Needs nvcc (a CUDA toolkit matching torch's CUDA version), not a GPU: the build helper finds the
+toolkit and sets CUDA_HOME before torch.utils.cpp_extension is imported, and compiles for the
+visible GPUs or, with none, for sm_90. The build goes under the repository's build/ folder.
+"""
+
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "common"))
+from workbook import build, toolkit  # noqa: E402
+
+if build.cuda_toolkit() is None:  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+    sys.exit(f"stage 04 needs a CUDA toolkit: {toolkit.reason()}")
+
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
+
+setup(
+    name="lltm_cuda_raw",
+    version="0.1.0",
+    packages=["lltm_cuda_raw"],
+    ext_modules=[
+        CUDAExtension(
+            "lltm_cuda_raw._C",
+            ["csrc/lltm.cpp", "csrc/lltm_cuda.cu"],
+            include_dirs=build.include_dirs(),
+            extra_compile_args={"cxx": build.cxx_flags(), "nvcc": build.nvcc_flags()},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+    options=build.setup_options("04_cuda_raw"),
+)

@@ -1,0 +1,130 @@
+"""The Python half of the lltm ops: fake kernels, autograd, and the functional form.
+
+The C++ library (lltm._C) defines torch.ops.lltm.forward and .backward and their CPU and CUDA
+kernels. What torch needs besides, registered here with torch.library:
+
+* a fake kernel per op: output shapes, dtypes and devices from the inputs' alone, which is how
+  torch.compile traces the ops and how they run on meta tensors. It checks what the C++ checks,
+  so a bad input fails at trace time, not only when the kernel runs;
+* the autograd formula of forward: save what backward needs, call the backward op. The backward
+  op itself has no derivative: taking a gradient through it raises a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+_BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
+
+
+def _check_same_dtype_and_device(op: str, names, tensors) -> None:
+    first_name, first = names[0], tensors[0]
+    torch._check_type(first.dtype.is_floating_point,
+                      lambda: f"{op}: `{first_name}` must be a floating-point tensor, "
+                              f"got {first.dtype}")
+    for name, t in zip(names, tensors):
+        torch._check_type(t.dtype == first.dtype,
+                          lambda: f"{op}: `{name}` must have dtype {first.dtype} "
+                                  f"(the dtype of the first input), got {t.dtype}")
+    for name, t in zip(names, tensors):
+        torch._check(t.device == first.device,
+                     lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
+                             f"({first.device}), got {t.device}")
+
+
+def _check_dim(op: str, name: str, t, ndim: int, what: str) -> None:
+    torch._check_value(t.dim() == ndim,
+                       lambda: f"{op}: `{name}` must have {ndim} dimension{'s' * (ndim != 1)} "
+                               f"{what}, got {t.dim()} with sizes {list(t.shape)}")
+
+
+def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
+    torch._check_value(t.shape[dim] == expected,
+                       lambda: f"{op}: `{name}` must have size {expected} in dimension {dim} "
+                               f"({why}), got sizes {list(t.shape)}")
+
+
+@torch.library.register_fake("lltm::forward")
+def _forward_fake(input, weights, bias, old_h, old_cell):
+    op = "lltm"
+    _check_same_dtype_and_device(op, _FORWARD_NAMES, (input, weights, bias, old_h, old_cell))
+    _check_dim(op, "input", input, 2, "(batch, features)")
+    _check_dim(op, "old_h", old_h, 2, "(batch, state)")
+    _check_dim(op, "old_cell", old_cell, 2, "(batch, state)")
+    _check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
+    _check_dim(op, "bias", bias, 1, "(3 * state)")
+    (batch, features), state = input.shape, old_h.shape[1]
+    _check_size(op, "old_h", old_h, 0, batch, "batch size of `input`")
+    torch._check_value(old_cell.shape == old_h.shape,
+                       lambda: f"{op}: `old_cell` must have the shape of `old_h` "
+                               f"{list(old_h.shape)}, got {list(old_cell.shape)}")
+    _check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `old_h`")
+    _check_size(op, "weights", weights, 1, state + features,
+                "state size of `old_h` + features of `input`")
+    _check_size(op, "bias", bias, 0, 3 * state, "3 * state size of `old_h`")
+    return (input.new_empty(batch, state), input.new_empty(batch, state),
+            input.new_empty(batch, 3 * state))
+
+
+@torch.library.register_fake("lltm::backward")
+def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
+    op = "lltm_backward"
+    tensors = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
+    _check_same_dtype_and_device(op, _BACKWARD_NAMES, tensors)
+    _check_dim(op, "new_cell", new_cell, 2, "(batch, state)")
+    _check_dim(op, "gates", gates, 2, "(batch, 3 * state)")
+    _check_dim(op, "input", input, 2, "(batch, features)")
+    _check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
+    for name, t in (("grad_h", grad_h), ("grad_cell", grad_cell), ("old_h", old_h)):
+        torch._check_value(t.shape == new_cell.shape,
+                           lambda: f"{op}: `{name}` must have the shape of `new_cell` "
+                                   f"{list(new_cell.shape)}, got {list(t.shape)}")
+    (batch, state), features = new_cell.shape, input.shape[1]
+    _check_size(op, "gates", gates, 0, batch, "batch size of `new_cell`")
+    _check_size(op, "gates", gates, 1, 3 * state, "3 * state size of `new_cell`")
+    _check_size(op, "input", input, 0, batch, "batch size of `new_cell`")
+    _check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `new_cell`")
+    _check_size(op, "weights", weights, 1, state + features,
+                "state size of `new_cell` + features of `input`")
+    return (input.new_empty(batch, features), weights.new_empty(3 * state, state + features),
+            weights.new_empty(3 * state), input.new_empty(batch, state),
+            input.new_empty(batch, state))
+
+
+def _setup_context(ctx, inputs, output):
+    input, weights, _bias, old_h, _old_cell = inputs
+    _new_h, new_cell, gates = output
+    # The backward rebuilds the gate activations from the pre-activation gates.
+    ctx.save_for_backward(new_cell, gates, input, old_h, weights)
+    # gates is an intermediate, returned for the backward's sake: no gradient flows into it.
+    ctx.mark_non_differentiable(gates)
+
+
+def _backward(ctx, grad_h, grad_cell, _grad_gates):
+    # Gradients in the inputs' order: input, weights, bias, old_h, old_cell.
+    return torch.ops.lltm.backward(grad_h, grad_cell, *ctx.saved_tensors)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "lltm: double backward is not supported (the lltm backward op has no derivative); "
+        "for second derivatives use a plain PyTorch LLTM"
+    )
+
+
+torch.library.register_autograd("lltm::forward", _backward, setup_context=_setup_context)
+torch.library.register_autograd("lltm::backward", _no_double_backward)
+
+
+def lltm(input, weights, bias, old_h, old_cell):
+    """One LLTM step: (new_h, new_cell), differentiable with respect to every input.
+
+    input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; any floating dtype
+    (half and bfloat16 compute in float), on the CPU or a CUDA device.
+    """
+    for name, value in zip(_FORWARD_NAMES, (input, weights, bias, old_h, old_cell)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"lltm: `{name}` must be a tensor, got {type(value).__name__}")
+    new_h, new_cell, _gates = torch.ops.lltm.forward(input, weights, bias, old_h, old_cell)
+    return new_h, new_cell
