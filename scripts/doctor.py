@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -391,6 +392,7 @@ def check_jit_locks(torch) -> None:
 
 
 def main() -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `make doctor | head` ends quietly
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     check_python()
     torch = check_torch()
