@@ -32,7 +32,7 @@ export PATH := $(dir $(abspath $(PY))):$(PATH)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo clean distclean env env-check 1 2 3 4 5
+.PHONY: help stage test demo doctor fix-abi clean distclean env env-check 1 2 3 4 5
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
@@ -40,6 +40,8 @@ help:
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
+	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
+	@echo "  make fix-abi STAGE=N   repair a stage built with the wrong C++11 ABI (CHECK=1: only report)"
 	@echo "  make env         create .venv and install requirements.txt (other targets do it too)"
 	@echo "  make clean       remove build/ (every build output and JIT cache)"
 	@echo "  make distclean   remove build/ and .venv"
@@ -73,6 +75,17 @@ test: $(ENV_READY)
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
 
+# -- diagnosing and repairing the environment ----------------------------------------------
+
+# No prerequisite: the doctor must run even where the environment cannot be made.
+doctor:
+	@py="$(PY)"; command -v "$$py" >/dev/null 2>&1 || py=$(BOOTSTRAP_PYTHON); "$$py" $(REPO)/scripts/doctor.py
+
+# make fix-abi STAGE=N (a stage number or a path to an extension .so; without STAGE: every built
+# stage); CHECK=1 only reports.
+fix-abi: $(ENV_READY)
+	@PYTHON="$(PY)" $(REPO)/scripts/fix_abi.sh $(if $(CHECK),--check) $(STAGE)
+
 clean:
 	rm -rf $(BUILD)
 
@@ -81,4 +94,4 @@ distclean: clean
 
 # The N of `make stage N`.
 1 2 3 4 5:
-	@if [ "$(firstword $(MAKECMDGOALS))" != stage ]; then echo "did you mean: make stage $@"; fi
+	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi) ;; *) echo "did you mean: make stage $@";; esac
