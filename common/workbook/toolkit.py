@@ -21,6 +21,11 @@ From the command line (with ``common/`` on ``sys.path``):
 
     python -m workbook.toolkit            print the toolkit found, or why there is none (exit 1)
     python -m workbook.toolkit install    install nvcc and headers from pip wheels if none is found
+                                         (exit 1, with the reason, where that cannot be done)
+
+``WORKBOOK_CUDA_PREFIX`` moves the pip-installed toolkit elsewhere (it must then be set for the
+builds as well). ``WORKBOOK_NO_CUDA=1`` makes `find()` report none: CUDA stages are skipped and
+stage 05 builds CPU-only, as on a machine without nvcc.
 """
 
 from __future__ import annotations
@@ -135,6 +140,8 @@ def _short(path: Path) -> str:
 
 @functools.cache
 def _search() -> tuple[Toolkit | None, str]:
+    if os.environ.get("WORKBOOK_NO_CUDA", "0") not in ("", "0"):
+        return None, "WORKBOOK_NO_CUDA is set"
     wanted = torch_cuda_version()
     if wanted is None:
         import torch
@@ -230,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", type=Path, help="install folder (default: .venv/cuda-X.Y)")
     args = parser.parse_args(argv)
     if args.command == "install":
-        install(args.prefix)
+        try:
+            install(args.prefix)
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            print(f"[toolkit] could not install a CUDA toolkit: {error}", file=sys.stderr)
+            return 1
         return 0
     toolkit = find()
     print(f"[toolkit] {toolkit}" if toolkit else f"[toolkit] none: {reason()}")
