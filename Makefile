@@ -26,13 +26,15 @@ export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export WORKBOOK_BUILD_DIR := $(BUILD)
 export TORCH_EXTENSIONS_DIR := $(BUILD)/jit
 export PYTHONPYCACHEPREFIX := $(BUILD)/pycache
+export TORCHINDUCTOR_CACHE_DIR := $(BUILD)/inductor
 export PYTHONPATH := $(REPO)/common$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PATH := $(dir $(abspath $(PY))):$(PATH)
 
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo doctor fix-abi clean distclean env env-check 1 2 3 4 5
+.PHONY: help stage test demo install cuda-toolkit doctor fix-abi clean distclean env env-check \
+	1 2 3 4 5
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
@@ -40,6 +42,8 @@ help:
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
+	@echo "  make install     pip-install the production module (import lltm) into this Python"
+	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
 	@echo "  make fix-abi STAGE=N   repair a stage built with the wrong C++11 ABI (CHECK=1: only report)"
 	@echo "  make env         create .venv and install requirements.txt (other targets do it too)"
@@ -74,6 +78,14 @@ test: $(ENV_READY)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
+
+# Install the production module, stage 05, as the package `lltm`.
+install: $(ENV_READY)
+	@$(PY) -m pip install --no-build-isolation $(REPO)/stages/05_cuda_accessors
+
+# nvcc and CUDA headers from pip wheels, matching torch's CUDA (a no-op where one is found).
+cuda-toolkit: $(ENV_READY)
+	@$(PY) -m workbook.toolkit install || echo "[cuda] no CUDA toolkit: stage 4 is skipped, stage 5 builds CPU-only"
 
 # -- diagnosing and repairing the environment ----------------------------------------------
 

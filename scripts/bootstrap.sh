@@ -38,6 +38,10 @@ case "$mode" in
     say "installing requirements.txt into $venv (torch is large: the first time takes minutes) ..."
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
     "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q -r "$repo/requirements.txt"
+    # CUDA stages need an nvcc whose major version matches torch's CUDA; where the machine has
+    # none, this installs one from pip wheels (a no-op where one is found, or for a CPU torch).
+    PYTHONPATH="$repo/common" "$venv/bin/python" -m workbook.toolkit install ||
+      say "no CUDA toolkit: stage 4 will be skipped and stage 5 built CPU-only"
     say "done: $("$venv/bin/python" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")')"
     ;;
   check)
