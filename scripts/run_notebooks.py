@@ -93,6 +93,10 @@ def execute(path: Path, out_dir: Path, kernel_dir: Path, timeout: int) -> tuple[
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
         error = str(err)
     finally:
+        # The client does not own a kernel manager it was handed: stop the kernel here, or it
+        # lives (with torch loaded) until this process exits.
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
         shutil.rmtree(sockets, ignore_errors=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out_dir / path.name)

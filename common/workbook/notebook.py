@@ -266,12 +266,18 @@ def run(cmd: Sequence[str] | str, *, env: Mapping[str, str] | None = None, cwd: 
     return proc
 
 
+def pythonpath_with_common() -> str:
+    """PYTHONPATH for a child interpreter that must import `workbook`: common/ first, then
+    whatever this process has (a notebook opened straight from Jupyter may have none)."""
+    common = str(REPO / "common")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != common]
+    return os.pathsep.join([common, *paths])
+
+
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
     """Run a snippet of Python in a fresh interpreter (this one) with common/ on sys.path."""
     env = dict(kwargs.pop("env", None) or {})
-    paths = [str(REPO / "common")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                      if p and p != str(REPO / "common")]
-    env.setdefault("PYTHONPATH", os.pathsep.join(paths))
+    env.setdefault("PYTHONPATH", pythonpath_with_common())
     return run([sys.executable, "-c", code], env=env, **kwargs)
 
 
@@ -334,9 +340,15 @@ def cuda_kernel_us(fn: Callable[[], object], kernel: str, *, calls: int = 20) ->
 
 
 def describe_device(device: str) -> str:
+    """What the timings of `sweep` ran on. On the CPU they use one thread (torch.utils.benchmark's
+    default, kept by workbook.timing.forward_backward_us): the notebooks compare the work each
+    implementation does, and a single thread keeps that comparison steady on a small, shared
+    machine, where a second thread competing for a busy core can cost milliseconds."""
     from . import timing
 
-    return timing.describe_machine(device)
+    if device.startswith("cuda"):
+        return timing.describe_machine(device)
+    return f"CPU (1 of {torch.get_num_threads()} threads), torch {torch.__version__}"
 
 
 # ----------------------------------------------------------------------------------------------

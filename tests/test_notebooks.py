@@ -1,0 +1,45 @@
+"""The notebooks: committed without outputs, and every one executes without a cell error.
+
+The execution test runs scripts/run_notebooks.py, the same runner `make notebooks` uses, in a
+subprocess with this interpreter and environment: each notebook in a fresh Jupyter kernel, the
+executed copies in build/notebooks/. It builds what the notebooks need (reusing the builds of
+the other tests), so it takes a few minutes on a small machine.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = REPO / "scripts" / "run_notebooks.py"
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def runner_env():
+    """This process's environment, with common/ on PYTHONPATH as the Makefile sets it."""
+    common = str(REPO / "common")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([common, *[p for p in paths if p != common]]))
+
+
+def test_there_is_a_notebook_per_stage():
+    names = [p.name[:2] for p in NOTEBOOKS]
+    assert names == ["01", "02", "03", "04", "05"], [p.name for p in NOTEBOOKS]
+
+
+def test_notebooks_are_committed_without_outputs():
+    proc = subprocess.run([sys.executable, str(RUNNER), "--check-clean"], env=runner_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_notebooks_execute():
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    proc = subprocess.run([sys.executable, str(RUNNER)], env=runner_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    print(proc.stdout)  # per-notebook progress and times, shown by pytest -rA or on failure
+    assert proc.returncode == 0, proc.stdout[-6000:]
