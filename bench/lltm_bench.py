@@ -81,6 +81,10 @@ class Plan:
     sweep_states: tuple[int, ...]
     min_run_time: float  # seconds per torch.utils.benchmark measurement
     profile_iters: int  # calls per torch.profiler window
+    # Timing rounds, interleaved over the implementations; the round with the lowest median
+    # counts. On a shared machine a burst of other work then spoils one round of everyone
+    # instead of every round of one implementation.
+    rounds: int = 1
 
     def configs(self) -> list[Config]:
         sweep = [Config(f"sweep-s{s}", self.sweep_batch, self.sweep_features, s)
@@ -93,12 +97,13 @@ TUTORIAL = Config("tutorial", 16, 32, 128)  # the sizes the PyTorch C++ extensio
 PLANS = {
     # CPU large: a GEMM of 256 x 2560 x 6144 (8 GFLOP forward) against 0.5M pointwise elements.
     ("cpu", False): Plan(TUTORIAL, Config("large", 256, 512, 2048), 16, 32,
-                         (32, 64, 128, 256, 512, 1024, 2048), min_run_time=1.0, profile_iters=20),
+                         (32, 64, 128, 256, 512, 1024, 2048), min_run_time=0.4, profile_iters=20,
+                         rounds=3),
     # GPU large: B x S = 16.8M elements, so the fused kernels move 400 MB forward, 670 MB
     # backward, far past the 60 MB L2: their time is HBM time, comparable with a copy's.
     ("cuda", False): Plan(TUTORIAL, Config("large", 4096, 512, 4096), 1024, 32,
                           (128, 256, 512, 1024, 2048, 4096, 8192), min_run_time=0.3,
-                          profile_iters=20),
+                          profile_iters=20, rounds=1),
     # Smoke: two distinct shapes (the sweep's are the tutorial's and the large one's), so
     # torch.compile compiles twice per device.
     ("cpu", True): Plan(TUTORIAL, Config("large", 16, 32, 256), 16, 32, (128, 256),
@@ -325,7 +330,7 @@ def run_device(device: str, plan: Plan, impls: list[Impl], *, log=print) -> dict
         inputs = make_inputs(config, device)
         grad_outputs = make_grad_outputs(config, device)
         ref = float64_reference(inputs, grad_outputs)
-        entries = {}
+        entries, valid = {}, []
         for impl in impls:
             impl.prepare(config)
             start = time.perf_counter()
@@ -338,19 +343,27 @@ def run_device(device: str, plan: Plan, impls: list[Impl], *, log=print) -> dict
                 refused.append({"impl": impl.key, "label": impl.label, "config": config.name,
                                 "reason": check.reason, "errors": check.errors})
                 continue
-            fwd, bwd = timing.forward_backward(impl.fn, inputs, grad_outputs=grad_outputs,
-                                               min_run_time=plan.min_run_time)
+            valid.append(impl)
             entries[impl.key] = {
                 "impl": impl.key, "label": impl.label, "config": config.name,
                 "batch": config.batch, "features": config.features, "state": config.state,
                 "validated": True, "max_relative_error": max(check.errors.values()),
-                "errors": check.errors, "forward": fwd.as_dict(), "backward": bwd.as_dict(),
+                "errors": check.errors, "rounds": {"forward": [], "backward": []},
             }
+        for _ in range(plan.rounds):
+            for impl in valid:  # torch.compile's graph for this shape was compiled above
+                entry = entries[impl.key]
+                for phase, t in zip(("forward", "backward"), timing.forward_backward(
+                        impl.fn, inputs, grad_outputs=grad_outputs,
+                        min_run_time=plan.min_run_time)):
+                    entry["rounds"][phase].append(t.median_us)
+                    if phase not in entry or t.median_us < entry[phase]["median_us"]:
+                        entry[phase] = t.as_dict()
         add_ratios(entries)
         for entry in entries.values():
             log("  " + tutorial_line(entry))
             results.append(entry)
-        floors[config.name] = gemm_floor(config, device, plan.min_run_time)
+        floors[config.name] = gemm_floor(config, device, plan.min_run_time, plan.rounds)
         log(f"  {'(GEMMs alone: the floor)':<34} Forward: "
             f"{floors[config.name]['forward']['median_us']:9.1f} us | Backward: "
             f"{floors[config.name]['backward']['median_us']:9.1f} us")
@@ -657,7 +670,7 @@ def reason_text(target: dict, sides: dict, floor: dict, device: str) -> str:
     return " ".join(parts)
 
 
-def gemm_floor(config: Config, device: str, min_run_time: float) -> dict:
+def gemm_floor(config: Config, device: str, min_run_time: float, rounds: int = 1) -> dict:
     """The cell's GEMMs alone, timed like the implementations: the floor no stage gets under.
 
     forward: G = X W^T + b (addmm; X = [h, x]); backward: dX = dG W and dW = dG^T X (two mm).
@@ -671,9 +684,10 @@ def gemm_floor(config: Config, device: str, min_run_time: float) -> dict:
         return torch.rand(shape, generator=gen, device=device, dtype=DTYPE)
 
     x, w, bias, dg = rand(b, f + s), rand(3 * s, f + s), rand(3 * s), rand(b, 3 * s)
-    forward = timing.measure(lambda: torch.addmm(bias, x, w.t()), min_run_time=min_run_time)
-    backward = timing.measure(lambda: (dg.mm(w), dg.t().mm(x)), min_run_time=min_run_time)
-    return {"forward": forward.as_dict(), "backward": backward.as_dict()}
+    runs = {"forward": lambda: torch.addmm(bias, x, w.t()),
+            "backward": lambda: (dg.mm(w), dg.t().mm(x))}
+    return {phase: min((timing.measure(fn, min_run_time=min_run_time) for _ in range(rounds)),
+                       key=lambda t: t.median_us).as_dict() for phase, fn in runs.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -740,9 +754,10 @@ def markdown(report: dict, png_name: str) -> str:
         f"- run: {report['date']}, commit {report['commit']}, load average "
         f"{report['load_before']} before, {report['load_after']} after, {report['wall_s']:.0f} s",
         f"- float32; forward timed with autograd recording, backward alone (graph replayed with "
-        f"retain_graph=True); medians of torch.utils.benchmark blocks of at least "
-        f"{plan['min_run_time']} s; ratios are baseline time / implementation time "
-        f"(above 1: faster than the baseline)",
+        f"retain_graph=True); medians of torch.utils.benchmark blocks over at least "
+        f"{plan['min_run_time']} s, in {plan['rounds']} round(s) interleaved over the "
+        f"implementations, the lowest round's median kept; ratios are baseline time / "
+        f"implementation time (above 1: faster than the baseline)",
         f"- every implementation was checked against the float64 reference first (outputs and "
         f"all five input gradients, relative error <= {TOLERANCE[DTYPE]:.0e}); refused ones are "
         f"listed, not timed",
@@ -913,6 +928,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
     print(f"[bench] torch {torch.__version__}; CPU: {torch.get_num_threads()} intra-op threads on "
           f"{os.cpu_count()} cores; inductor cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}")
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if busy > 0.5 * (os.cpu_count() or 1):
+        print(f"[bench] WARNING: load average {busy:.1f} on {os.cpu_count()} cores: other work is "
+              f"running, timings will be noisy (see bench/README.md)")
     print("[bench] building and importing the stages ...", flush=True)
     modules, skipped = discover(devices)
     for key, reason in skipped.items():
