@@ -33,7 +33,7 @@ export PATH := $(dir $(abspath $(PY))):$(PATH)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo install cuda-toolkit doctor fix-abi clean distclean env env-check \
+.PHONY: help stage test demo notebooks lab install cuda-toolkit doctor fix-abi clean distclean env env-check \
 	1 2 3 4 5
 
 help:
@@ -42,6 +42,8 @@ help:
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
+	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
+	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
 	@echo "  make install     pip-install the production module (import lltm) into this Python"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
@@ -78,6 +80,23 @@ test: $(ENV_READY)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
+
+# -- notebooks ---------------------------------------------------------------------------------
+
+# Execute every notebook headless, each in a fresh Jupyter kernel of this interpreter with this
+# environment; the executed copies go to build/notebooks/ (notebooks/ stays without outputs).
+# NB=03 runs only the notebooks whose name contains 03.
+notebooks: $(ENV_READY)
+	@$(PY) $(REPO)/scripts/run_notebooks.py $(NB)
+
+# JupyterLab on notebooks/, in this environment. Not a requirement: installed into the
+# environment the first time `make lab` runs.
+lab: $(ENV_READY)
+	@$(PY) -c "import jupyterlab" 2>/dev/null || \
+		$(PY) -m pip install --disable-pip-version-check --quiet jupyterlab
+	@cd $(REPO)/notebooks && $(PY) -m jupyterlab
+
+# -- the production module ----------------------------------------------------------------------
 
 # Install the production module, stage 05, as the package `lltm`.
 install: $(ENV_READY)

@@ -90,7 +90,7 @@ def main() -> int:
               f"on {timing.describe_machine(device)}:")
         base = None
         for label, n, fn in runnable:
-            fwd, bwd = timing.forward_backward_us(fn, inputs)
+            fwd, bwd = (t.median_us for t in timing.forward_backward(fn, inputs))
             base = base or (fwd, bwd)
             ratio = "" if n is None else f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x vs eager)"
             print(f"  {label + ' (' + device + ')':<34} Forward: {fwd:8.1f} us | "

@@ -4,9 +4,9 @@ torch.utils.benchmark warms up, picks a number of runs that fills `min_run_time`
 CUDA around each block, and reports the median, which shrugs off the odd slow run.
 
 Threads: `benchmark.Timer` runs its statement with `num_threads` intra-op threads, and its
-default is 1. `median_us` and `forward_backward_us` (make demo) keep that default; `measure` and
-`forward_backward` (the benchmark) take `num_threads`, and use all of torch's threads when it is
-None, so that the time matches the thread count the report prints.
+default is 1. `median_us` and `forward_backward_us` (the notebooks) keep that default; `measure`
+and `forward_backward` (make demo, make bench) take `num_threads`, and use all of torch's threads
+when it is None, so that the time matches the thread count the report prints.
 """
 
 from __future__ import annotations

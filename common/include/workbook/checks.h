@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace workbook {
 
@@ -83,6 +84,25 @@ inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tens
                              const Arg& other_arg) {
   TORCH_CHECK_VALUE(t.sizes() == other.sizes(), describe(arg), " must have the shape of `",
                     other_arg.name, "` ", other.sizes(), ", got ", t.sizes());
+}
+
+// What every op checks of all its tensor inputs together: one floating dtype (the first input's),
+// one device (the first input's, of type `device`) and, for kernels that index raw memory, a dense
+// layout. `args` lists the inputs in order, so the first offender is the one named.
+using NamedTensor = std::pair<const at::Tensor&, Arg>;
+
+enum class Layout { kAny, kContiguous };
+
+inline void check_inputs(std::initializer_list<NamedTensor> args, c10::DeviceType device,
+                         Layout layout = Layout::kAny) {
+  const auto& [first, first_arg] = *args.begin();
+  check_floating(first, first_arg);
+  for (const auto& [t, arg] : args) check_dtype(t, arg, first.scalar_type());
+  for (const auto& [t, arg] : args) {
+    check_device_type(t, arg, device);
+    check_same_device(t, arg, first, first_arg);
+    if (layout == Layout::kContiguous) check_contiguous(t, arg);
+  }
 }
 
 // Index math in 32-bit kernels is only safe below 2^31 elements.

@@ -13,49 +13,18 @@
 // forward returns [h', c', G]; G, the pre-activation gates, is all the backward needs to rebuild
 // i, o and c^ (the cell recomputes them rather than store three more B x S tensors).
 //
-// Sections: checks, forward, backward, bindings.
+// The input checks (dtype, device, ranks, and sizes that agree with each other) are shared by every
+// LLTM stage: common/include/workbook/lltm_checks.h. ATen handles any strides, so this stage takes
+// non-contiguous inputs as they are.
+//
+// Sections: derivatives, forward, backward, bindings.
 #include <torch/extension.h>
 
 #include <vector>
 
-#include "workbook/checks.h"
+#include "workbook/lltm_checks.h"
 
 namespace {
-
-using workbook::Arg;
-
-constexpr const char* kOp = "lltm";
-
-// Input checks: floating point, one dtype, CPU, 2-D, and sizes that agree with each other.
-// Shapes, not layouts: ATen handles any strides, so non-contiguous inputs are fine here.
-void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights,
-                          const at::Tensor& bias, const at::Tensor& old_h,
-                          const at::Tensor& old_cell) {
-  const Arg input_arg{kOp, "input"}, weights_arg{kOp, "weights"}, bias_arg{kOp, "bias"},
-      h_arg{kOp, "old_h"}, c_arg{kOp, "old_cell"};
-  workbook::check_floating(input, input_arg);
-  for (const auto& [t, arg] : {std::pair{weights, weights_arg}, {bias, bias_arg}, {old_h, h_arg},
-                               {old_cell, c_arg}}) {
-    workbook::check_dtype(t, arg, input.scalar_type());
-  }
-  for (const auto& [t, arg] : {std::pair{input, input_arg}, {weights, weights_arg},
-                               {bias, bias_arg}, {old_h, h_arg}, {old_cell, c_arg}}) {
-    workbook::check_device_type(t, arg, c10::DeviceType::CPU);
-  }
-  workbook::check_dim(input, input_arg, 2, "(batch, features)");
-  workbook::check_dim(old_h, h_arg, 2, "(batch, state)");
-  workbook::check_dim(old_cell, c_arg, 2, "(batch, state)");
-  workbook::check_dim(weights, weights_arg, 2, "(3 * state, state + features)");
-  workbook::check_dim(bias, bias_arg, 1, "(3 * state)");
-
-  const int64_t batch = input.size(0), features = input.size(1), state = old_h.size(1);
-  workbook::check_size(old_h, h_arg, 0, batch, "batch size of `input`");
-  workbook::check_same_shape(old_cell, c_arg, old_h, h_arg);
-  workbook::check_size(weights, weights_arg, 0, 3 * state, "3 * state size of `old_h`");
-  workbook::check_size(weights, weights_arg, 1, state + features,
-                       "state size of `old_h` + features of `input`");
-  workbook::check_size(bias, bias_arg, 0, 3 * state, "3 * state size of `old_h`");
-}
 
 // Derivatives of the gate nonlinearities, on whole tensors (the fused kernels of later stages use
 // the scalar versions in workbook/math.h instead).
@@ -76,7 +45,8 @@ at::Tensor d_elu(const at::Tensor& z, double alpha = 1.0) {
 std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights,
                                      const at::Tensor& bias, const at::Tensor& old_h,
                                      const at::Tensor& old_cell) {
-  check_forward_inputs(input, weights, bias, old_h, old_cell);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
+                                       c10::DeviceType::CPU);
 
   const auto X = at::cat({old_h, input}, /*dim=*/1);
   const auto gates = at::addmm(bias, X, weights.t());  // b + X W^T, one GEMM
@@ -98,10 +68,8 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& new_cell, const at::Tensor& gates,
                                       const at::Tensor& input, const at::Tensor& old_h,
                                       const at::Tensor& weights) {
-  const Arg grad_h_arg{"lltm_backward", "grad_h"}, grad_cell_arg{"lltm_backward", "grad_cell"};
-  workbook::check_floating(grad_h, grad_h_arg);
-  workbook::check_same_shape(grad_h, grad_h_arg, new_cell, Arg{"lltm_backward", "new_cell"});
-  workbook::check_same_shape(grad_cell, grad_cell_arg, new_cell, Arg{"lltm_backward", "new_cell"});
+  workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
+                                        c10::DeviceType::CPU);
 
   const auto chunks = gates.chunk(3, /*dim=*/1);
   const auto input_gate = at::sigmoid(chunks[0]);

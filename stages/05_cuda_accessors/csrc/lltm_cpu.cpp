@@ -6,8 +6,8 @@
 //   v2 (here):     one pass over the gates each way, split over threads with at::parallel_for,
 //                  8 floats at a time with at::vec (AVX2) where the build machine has it
 //
-// Sections: kernels, launchers (the ops), registration. The checks are in lltm.cpp, the math
-// (sigmoid, elu and their derivatives) in common/include/workbook/math.h, shared with the GPU.
+// Sections: kernels, launchers (the ops), registration. The checks are in workbook/lltm_checks.h
+// and the math (sigmoid, elu and their derivatives) in workbook/math.h, shared with the GPU.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -21,7 +21,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "lltm.h"
+#include "workbook/lltm_checks.h"
 #include "workbook/math.h"
 
 namespace {
@@ -185,7 +185,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_cpu(const at::Tensor
                                                                 const at::Tensor& bias,
                                                                 const at::Tensor& old_h,
                                                                 const at::Tensor& old_cell) {
-  lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CPU);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
+                                       c10::DeviceType::CPU);
   const int64_t batch = old_h.size(0), state = old_h.size(1);
 
   const auto X = at::cat({old_h, input}, /*dim=*/1);
@@ -207,8 +208,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& new_cell,
     const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
     const at::Tensor& weights) {
-  lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
-                              c10::DeviceType::CPU);
+  workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
+                                        c10::DeviceType::CPU);
   const int64_t batch = new_cell.size(0), state = new_cell.size(1);
   const auto grad_h_ = grad_h.contiguous(), grad_cell_ = grad_cell.contiguous(),
              new_cell_ = new_cell.contiguous(), gates_ = gates.contiguous();

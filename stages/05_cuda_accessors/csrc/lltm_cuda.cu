@@ -28,7 +28,7 @@
 #include <limits>
 #include <tuple>
 
-#include "lltm.h"
+#include "workbook/lltm_checks.h"
 #include "workbook/math.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -163,7 +163,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_cuda(const at::Tenso
                                                                  const at::Tensor& bias,
                                                                  const at::Tensor& old_h,
                                                                  const at::Tensor& old_cell) {
-  lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CUDA);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
+                                       c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t batch = old_h.size(0), state = old_h.size(1);
 
@@ -191,8 +192,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& new_cell,
     const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
     const at::Tensor& weights) {
-  lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
-                              c10::DeviceType::CUDA);
+  workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
+                                        c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t batch = new_cell.size(0), state = new_cell.size(1);
   const auto grad_h_ = grad_h.contiguous(), grad_cell_ = grad_cell.contiguous(),
