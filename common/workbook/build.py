@@ -343,6 +343,14 @@ def tools_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
+def prepare() -> None:
+    """Set up what torch's extension builder reads from the environment, before it is imported:
+    this interpreter's ninja first on PATH, and CUDA_HOME where a matching toolkit is found
+    (torch picks CUDA_HOME once, at import; its own guess from a wrapper nvcc can be wrong)."""
+    tools_on_path()
+    cuda_toolkit()
+
+
 def import_stage(number_or_folder: int | str, *, quiet: bool = True):
     """Build stage N if needed and import its package. JIT stages build themselves on import."""
     s = stage(number_or_folder)

@@ -16,10 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "common") not in sys.path:
     sys.path.insert(0, str(REPO / "common"))
 
+from workbook import build  # noqa: E402
+
+build.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
+
 import torch  # noqa: E402
 from torch.utils.cpp_extension import load_inline  # noqa: E402
-
-from workbook import build  # noqa: E402
 
 CPP_SOURCE = r"""
 #include "workbook/checks.h"
@@ -37,7 +39,6 @@ at::Tensor z2xy(const at::Tensor& x, const at::Tensor& y) {
 
 
 def load_z2xy_inline(verbose: bool = False):
-    build.tools_on_path()
     return load_inline(
         name="z2xy_inline",
         cpp_sources=[CPP_SOURCE],

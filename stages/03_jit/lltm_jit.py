@@ -20,9 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "common") not in sys.path:
     sys.path.insert(0, str(REPO / "common"))
 
+from workbook import build  # noqa: E402
+
+build.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
+
 from torch.utils.cpp_extension import load  # noqa: E402
 
-from workbook import build  # noqa: E402
 from workbook.lltm import bind  # noqa: E402
 
 SOURCES = [REPO / "stages" / "02_lltm_cpp" / "csrc" / "lltm.cpp"]
@@ -35,7 +38,6 @@ def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = Fals
     well under a second; changed, ninja recompiles what changed. The build folder is returned
     by `build.jit_dir(name)`: build.ninja, the object files and `<name>.so` live there.
     """
-    build.tools_on_path()
     return load(
         name=name,
         sources=[str(s) for s in sources],
