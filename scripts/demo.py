@@ -18,6 +18,14 @@ from workbook import build, reference, timing  # noqa: E402
 
 BATCH, FEATURES, STATE = 16, 32, 128
 
+# What each LLTM stage is, for the tables.
+TITLES = {
+    2: "02 ATen C++ (setup.py)",
+    3: "03 ATen C++ (JIT)",
+    4: "04 CUDA, raw pointers",
+    5: "05 lltm, fused (torch.library)",
+}
+
 
 def lltm_inputs(device, dtype=torch.float32):
     gen = torch.Generator().manual_seed(0)
@@ -49,7 +57,7 @@ def max_errors(fn, ref_fn, inputs):
 def check(label, fn, ref_fn, inputs, tol=1e-4):
     err_out, err_grad = max_errors(fn, ref_fn, inputs)
     ok = err_out < tol and err_grad < tol
-    print(f"  {label:<34} max |error| vs float64: output {err_out:.1e}, gradients {err_grad:.1e}"
+    print(f"  {label:<40} max |error| vs float64: output {err_out:.1e}, gradients {err_grad:.1e}"
           f"  {'OK' if ok else 'MISMATCH'}")
     return ok
 
@@ -76,10 +84,10 @@ def main() -> int:
     ok &= check("01 z2xy", modules[1].z2xy, reference.z2xy, (x, y))
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    impls = [("plain PyTorch (eager)", None, reference.lltm)]
+    impls = [("plain PyTorch", None, reference.lltm)]
     for number, module in modules.items():
         if number >= 2:
-            impls.append((f"{build.stage(number).folder}", number, module.lltm))
+            impls.append((TITLES.get(number, build.stage(number).folder), number, module.lltm))
     for device in devices:
         inputs = lltm_inputs(device)
         runnable = [(label, n, fn) for label, n, fn in impls
@@ -93,7 +101,7 @@ def main() -> int:
             fwd, bwd = (t.median_us for t in timing.forward_backward(fn, inputs))
             base = base or (fwd, bwd)
             ratio = "" if n is None else f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x vs eager)"
-            print(f"  {label + ' (' + device + ')':<34} Forward: {fwd:8.1f} us | "
+            print(f"  {label + ' (' + device + ')':<40} Forward: {fwd:8.1f} us | "
                   f"Backward: {bwd:8.1f} us{ratio}")
     for number, reason in skipped.items():
         print(f"\n[demo] stage {number} ({build.stage(number).folder}) not run: {reason}")
