@@ -728,12 +728,16 @@ def _git_commit() -> str:
 
 
 def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
+    """<slug>.json, .md and .png in out_dir. A hand-written <slug>.notes.md there (the reading of
+    a committed run) is appended to the .md; `--render` rebuilds .md and .png from the .json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     slug = report["machine"]["slug"]
     paths = {ext: out_dir / f"{slug}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(report, indent=1) + "\n")
     plot(report, paths["png"])
-    paths["md"].write_text(markdown(report, paths["png"].name))
+    notes = out_dir / f"{slug}.notes.md"
+    paths["md"].write_text(markdown(report, paths["png"].name)
+                           + (f"\n{notes.read_text()}" if notes.is_file() else ""))
     return paths
 
 
@@ -913,7 +917,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("all", "cpu", "cuda"), default="all")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--min-run-time", type=float, help="seconds per measurement")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="measure nothing: rewrite the .md and .png of a report's .json")
     args = parser.parse_args(argv)
+    if args.render:
+        paths = write_report(args.render.parent, json.loads(args.render.read_text()))
+        print(f"[bench] wrote {paths['md']}, {paths['png']}")
+        return 0
 
     if args.threads:
         torch.set_num_threads(args.threads)
