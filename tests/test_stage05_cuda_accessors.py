@@ -17,7 +17,7 @@ from lltm_base import LLTMOpTest, lltm_inputs
 from lltm_cuda_base import (CUDA_CASES, CUDA_DTYPES, REDUCED_PRECISION_TOLERANCES,
                             bad_inputs_without_cuda, capture_and_replay, requires_cuda)
 
-from workbook import build, toolkit
+from workbook import build, reference, toolkit
 from workbook.testing import BadInput
 
 
@@ -119,6 +119,18 @@ def test_gates_output_takes_no_gradient():
     lltm()
     new_h, new_cell, gates = torch.ops.lltm.forward(*lltm_inputs(2, 3, 4))
     assert new_h.requires_grad and new_cell.requires_grad and not gates.requires_grad
+
+
+@pytest.mark.parametrize("used", ["new_h", "new_cell"])
+def test_gradient_through_one_output_only(used):
+    # The other output's gradient reaches the backward as None (set_materialize_grads(False)).
+    inputs = lltm_inputs(3, 5, 7, dtype=torch.float64)
+    index = ("new_h", "new_cell").index(used)
+    grads = torch.autograd.grad(lltm().lltm(*inputs)[index].sum(), inputs)
+    ref_inputs = reference.in_float64(*inputs)
+    expected = torch.autograd.grad(reference.lltm(*ref_inputs)[index].sum(), ref_inputs)
+    for name, g, e in zip(("input", "weights", "bias", "old_h", "old_cell"), grads, expected):
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
 def test_double_backward_raises_clearly():

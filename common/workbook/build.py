@@ -133,26 +133,31 @@ def openmp_flags() -> list[str]:
 
 
 def cpu_simd_flags() -> list[str]:
-    """Flags that let an extension's own CPU loops use at::vec::Vectorized with AVX2.
+    """Flags that let an extension's own CPU loops use at::vec::Vectorized at full width.
 
     ATen compiles its kernels once per instruction set and picks one at run time; an extension
-    compiled with plain flags gets Vectorized's portable fallback, a scalar loop. Where the build
-    machine has AVX2, FMA and F16C (x86-64 since 2013), these select the AVX2 Vectorized, whose
-    exp and tanh come from the SLEEF library inside libtorch_cpu. The result then needs AVX2 to
-    run, like a -march=native build: fine for an extension built where it runs, as these are.
-    ``WORKBOOK_CPU_SIMD=0`` turns it off.
+    compiled with plain flags gets Vectorized's portable fallback, a scalar loop. These select
+    the Vectorized that ATen itself runs on this machine (torch.backends.cpu.get_cpu_capability():
+    AVX512, 16 floats a vector, or AVX2, 8), whose exp and tanh come from the SLEEF library
+    inside libtorch_cpu. The result then needs that instruction set to run, like a -march=native
+    build: fine for an extension built where it runs, as these are. ``WORKBOOK_CPU_SIMD=0`` turns
+    it off; ``WORKBOOK_CPU_SIMD=AVX2`` caps it at AVX2.
     """
-    if os.environ.get("WORKBOOK_CPU_SIMD", "1") == "0":
+    choice = os.environ.get("WORKBOOK_CPU_SIMD", "1").upper()
+    if choice == "0":
         return []
-    try:
-        cpu_flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512" and choice != "AVX2":
+        isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
+    elif capability in ("AVX512", "AVX2"):
+        capability, isa = "AVX2", ["-mavx2", "-mfma", "-mf16c"]
+    else:
         return []
-    if all(f" {flag}" in cpu_flags for flag in ("avx2", "fma", "f16c")):
-        # ATen's vec headers say `#pragma unroll` (meant for nvcc), which gcc warns about.
-        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2",
-                "-Wno-unknown-pragmas"]
-    return []
+    # ATen's vec headers say `#pragma unroll` (meant for nvcc), which gcc warns about.
+    return isa + [f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}",
+                  "-Wno-unknown-pragmas"]
 
 
 def nvcc_flags() -> list[str]:

@@ -99,9 +99,15 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(new_cell, gates, input, old_h, weights)
     # gates is an intermediate, returned for the backward's sake: no gradient flows into it.
     ctx.mark_non_differentiable(gates)
+    # Unused outputs get None rather than a zero-filled gradient: for gates (B x 3S) that is
+    # always the case, so nothing is allocated and filled for it on every backward.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_h, grad_cell, _grad_gates):
+    new_cell = ctx.saved_tensors[0]
+    grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
+    grad_cell = torch.zeros_like(new_cell) if grad_cell is None else grad_cell
     # Gradients in the inputs' order: input, weights, bias, old_h, old_cell.
     return torch.ops.lltm.backward(grad_h, grad_cell, *ctx.saved_tensors)
 
