@@ -33,7 +33,7 @@ export PATH := $(dir $(abspath $(PY))):$(PATH)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo notebooks lab install cuda-toolkit doctor fix-abi clean distclean env env-check \
+.PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi clean distclean env env-check \
 	1 2 3 4 5
 
 help:
@@ -42,6 +42,7 @@ help:
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
+	@echo "  make bench       time every stage against PyTorch and torch.compile (CPU; GPU if present), writes bench/results/"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
 	@echo "  make install     pip-install the production module (import lltm) into this Python"
@@ -80,6 +81,11 @@ test: $(ENV_READY)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
+
+# BENCH_ARGS="--smoke" for a quick run, "--device cuda" for the GPU section only.
+bench: $(ENV_READY)
+	@$(PY) -m workbook.build all
+	@$(PY) $(REPO)/bench/lltm_bench.py $(BENCH_ARGS)
 
 # -- notebooks ---------------------------------------------------------------------------------
 
