@@ -54,3 +54,27 @@ def capture_and_replay(fn, inputs):
     eager_outputs = fn(*fresh)
     eager_grads = torch.autograd.grad(sum(o.sum() for o in eager_outputs), fresh)
     return (*outputs, *grads), (*eager_outputs, *eager_grads)
+
+
+def assert_cuda_matches_cpu(cpu_fn, cuda_fn, batch=7, features=13, state=1029):
+    """The CUDA implementation against a CPU one, outputs and every input gradient (float32)."""
+    inputs = lltm_inputs(batch, features, state, dtype=torch.float32)
+    cuda_inputs = [t.detach().cuda().requires_grad_() for t in inputs]
+    out_cpu, out_cuda = cpu_fn(*inputs), cuda_fn(*cuda_inputs)
+    for a, b in zip(out_cpu, out_cuda):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
+    grads_cpu = torch.autograd.grad(sum(o.sum() for o in out_cpu), inputs)
+    grads_cuda = torch.autograd.grad(sum(o.sum() for o in out_cuda), cuda_inputs)
+    for a, b in zip(grads_cpu, grads_cuda):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4)
+
+
+def assert_runs_on_the_inputs_device(fn):
+    """With cuda:0 current and the inputs on cuda:1, the kernels run (and write) on cuda:1."""
+    inputs = lltm_inputs(3, 5, 33, device="cuda:1", requires_grad=False)
+    with torch.cuda.device(0):
+        out = fn(*inputs)
+    expected = fn(*(t.to("cuda:0") for t in inputs))
+    for a, b in zip(out, expected):
+        assert a.device == torch.device("cuda:1")
+        torch.testing.assert_close(a.to("cuda:0"), b)

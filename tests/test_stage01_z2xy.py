@@ -2,7 +2,6 @@
 
 import functools
 
-import pytest
 import torch
 
 from workbook import build, reference

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lltm_base import LLTMOpTest, lltm_inputs
 from lltm_cuda_base import (CUDA_CASES, CUDA_DTYPES, REDUCED_PRECISION_TOLERANCES,
+                            assert_cuda_matches_cpu, assert_runs_on_the_inputs_device,
                             bad_inputs_without_cuda, capture_and_replay, requires_cuda)
 
 from workbook import build
@@ -83,16 +84,7 @@ def test_cpu_tensors_are_refused_naming_the_argument():
 
 @requires_cuda
 def test_matches_the_cpu_extension():
-    cpu = build.import_stage(2)
-    inputs = lltm_inputs(7, 13, 1029, dtype=torch.float32)
-    cuda_inputs = [t.detach().cuda().requires_grad_() for t in inputs]
-    out_cpu, out_cuda = cpu.lltm(*inputs), lltm_cuda_raw().lltm(*cuda_inputs)
-    for a, b in zip(out_cpu, out_cuda):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
-    grads_cpu = torch.autograd.grad(sum(o.sum() for o in out_cpu), inputs)
-    grads_cuda = torch.autograd.grad(sum(o.sum() for o in out_cuda), cuda_inputs)
-    for a, b in zip(grads_cpu, grads_cuda):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4)
+    assert_cuda_matches_cpu(build.import_stage(2).lltm, lltm_cuda_raw().lltm)
 
 
 @requires_cuda
@@ -105,10 +97,4 @@ def test_runs_on_the_current_stream_under_graph_capture():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_runs_on_the_inputs_device_not_the_current_one():
-    inputs = lltm_inputs(3, 5, 33, device="cuda:1", requires_grad=False)
-    with torch.cuda.device(0):
-        out = lltm_cuda_raw().lltm(*inputs)
-    expected = lltm_cuda_raw().lltm(*(t.to("cuda:0") for t in inputs))
-    for a, b in zip(out, expected):
-        assert a.device == torch.device("cuda:1")
-        torch.testing.assert_close(a.to("cuda:0"), b)
+    assert_runs_on_the_inputs_device(lltm_cuda_raw().lltm)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from lltm_base import LLTMOpTest, lltm_inputs
 from lltm_cuda_base import (CUDA_CASES, CUDA_DTYPES, REDUCED_PRECISION_TOLERANCES,
+                            assert_cuda_matches_cpu, assert_runs_on_the_inputs_device,
                             bad_inputs_without_cuda, capture_and_replay, requires_cuda)
 
 from workbook import build, reference, toolkit
@@ -238,15 +239,7 @@ def test_compile_fullgraph_matches_eager():
 
 @requires_cuda
 def test_cuda_matches_cpu():
-    inputs = lltm_inputs(7, 13, 1029)
-    cuda_inputs = [t.detach().cuda().requires_grad_() for t in inputs]
-    out_cpu, out_cuda = lltm().lltm(*inputs), lltm().lltm(*cuda_inputs)
-    for a, b in zip(out_cpu, out_cuda):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
-    grads_cpu = torch.autograd.grad(sum(o.sum() for o in out_cpu), inputs)
-    grads_cuda = torch.autograd.grad(sum(o.sum() for o in out_cuda), cuda_inputs)
-    for a, b in zip(grads_cpu, grads_cuda):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4)
+    assert_cuda_matches_cpu(lltm().lltm, lltm().lltm)
 
 
 @requires_cuda
@@ -272,10 +265,4 @@ def test_compile_reduce_overhead_on_cuda():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_runs_on_the_inputs_device_not_the_current_one():
-    inputs = lltm_inputs(3, 5, 33, device="cuda:1", requires_grad=False)
-    with torch.cuda.device(0):
-        out = lltm().lltm(*inputs)
-    expected = lltm().lltm(*(t.to("cuda:0") for t in inputs))
-    for a, b in zip(out, expected):
-        assert a.device == torch.device("cuda:1")
-        torch.testing.assert_close(a.to("cuda:0"), b)
+    assert_runs_on_the_inputs_device(lltm().lltm)
