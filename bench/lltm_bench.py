@@ -185,6 +185,8 @@ def discover(devices: list[str]) -> tuple[dict[int, object], dict[str, str]]:
     """Import every LLTM stage that runs on one of `devices`; returns (modules, skipped reasons)."""
     modules, skipped = {}, {}
     for s in build.STAGES.values():
+        if not s.package.startswith("lltm"):  # stage 01 (z2xy) is not an LLTM
+            continue
         key = f"stage{s.number:02d}"
         where = [d for d in runs_on(s) if d in devices]
         if not s.source_dir.is_dir():
@@ -192,7 +194,7 @@ def discover(devices: list[str]) -> tuple[dict[int, object], dict[str, str]]:
             continue
         if not where:
             why = ("no GPU visible here" if "cuda" in runs_on(s) and not torch.cuda.is_available()
-                   else f"this run benchmarks {'/'.join(devices)} only")
+                   else f"this run benchmarks {'/'.join(devices) or 'no device'}")
             skipped[key] = f"{s.folder}: runs on {'/'.join(runs_on(s))} only; {why}"
             continue
         try:
