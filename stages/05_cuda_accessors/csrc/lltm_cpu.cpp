@@ -225,11 +225,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
         state);
   });
 
-  // Back through G = X W^T + b. d_old_h and d_input come from their own slice of W, so each is
-  // a fresh tensor rather than a view into one [d_old_h, d_input] block.
+  // Back through G = X W^T + b: one GEMM for d_X = [d_old_h, d_input] against the dense W, then
+  // each half copied out, since an op's outputs must not alias one another. Against two GEMMs on
+  // strided slices of W: 25.5 vs 26.4 ms at B 256, F 512, S 2048 on 2 threads; even at B 16.
   const auto X = at::cat({old_h, input}, /*dim=*/1);
-  return {d_gates.mm(weights.slice(/*dim=*/1, state)), d_gates.t().mm(X), d_gates.sum(/*dim=*/0),
-          d_gates.mm(weights.slice(/*dim=*/1, 0, state)), d_old_cell};
+  const auto d_X = d_gates.mm(weights);
+  // clone, not contiguous(): with batch 1 a slice is already contiguous and would stay a view.
+  return {d_X.slice(/*dim=*/1, state).clone(at::MemoryFormat::Contiguous), d_gates.t().mm(X),
+          d_gates.sum(/*dim=*/0), d_X.slice(/*dim=*/1, 0, state).clone(at::MemoryFormat::Contiguous),
+          d_old_cell};
 }
 
 }  // namespace
