@@ -6,6 +6,7 @@ executed copies in build/notebooks/. It builds what the notebooks need (reusing 
 the other tests), so it takes a few minutes on a small machine.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +35,21 @@ def test_notebooks_are_committed_without_outputs():
     proc = subprocess.run([sys.executable, str(RUNNER), "--check-clean"], env=runner_env(),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_markdown_cells_are_markdown(path):
+    # A markdown cell whose every line starts with "#" is Python-comment text pasted into
+    # markdown: Jupyter would render each line as a heading.
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
+    assert cells, f"{path.name} has no markdown cells: a notebook here is a narrative"
+    first = "".join(cells[0]["source"])
+    assert first.startswith("# Stage") and "you will learn" in first, first[:200]
+    for k, cell in enumerate(cells):
+        lines = "".join(cell["source"]).splitlines()
+        assert not (len(lines) > 1 and all(ln.startswith("#") for ln in lines)), (
+            f"{path.name}, markdown cell {k}: every line starts with '#'"
+        )
 
 
 def test_notebooks_execute():
