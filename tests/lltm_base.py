@@ -27,6 +27,21 @@ def lltm_inputs(batch, features, state, *, device="cpu", dtype=torch.float32,
     )
 
 
+def check_module_initialises_uniformly_and_runs(LLTM):
+    """An LLTM module starts with weights and bias spread over +-1/sqrt(S) and trains."""
+    torch.manual_seed(0)
+    cell = LLTM(input_features=32, state_size=128)
+    bound = 128 ** -0.5
+    for p in (cell.weights, cell.bias):
+        assert p.abs().max() <= bound
+        assert p.abs().max() > 0.9 * bound  # spread over the range, not all zeros
+    x, _, _, h, c = lltm_inputs(16, 32, 128, requires_grad=False)
+    new_h, new_c = cell(x, (h, c))
+    assert new_h.shape == new_c.shape == (16, 128)
+    (new_h.sum() + new_c.sum()).backward()
+    assert cell.weights.grad is not None and cell.bias.grad is not None
+
+
 class LLTMOpTest(OpTest):
     """Irregular sizes on purpose: batch 1, state 1, odd and non-power-of-two sizes."""
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from lltm_base import LLTMOpTest, lltm_inputs
+from lltm_base import LLTMOpTest, check_module_initialises_uniformly_and_runs, lltm_inputs
 from lltm_cuda_base import (CUDA_CASES, CUDA_DTYPES, REDUCED_PRECISION_TOLERANCES,
                             assert_cuda_matches_cpu, assert_runs_on_the_inputs_device,
                             bad_inputs_without_cuda, capture_and_replay, requires_cuda)
@@ -98,16 +98,7 @@ def test_imports_from_anywhere_without_the_workbook(tmp_path):
 
 
 def test_module_initialises_uniformly_and_runs():
-    torch.manual_seed(0)
-    cell = lltm().LLTM(input_features=32, state_size=128)
-    bound = 128 ** -0.5
-    for p in (cell.weights, cell.bias):
-        assert bound * 0.9 < p.abs().max() <= bound
-    x, _, _, h, c = lltm_inputs(16, 32, 128, requires_grad=False)
-    new_h, new_c = cell(x, (h, c))
-    assert new_h.shape == new_c.shape == (16, 128)
-    (new_h.sum() + new_c.sum()).backward()
-    assert cell.weights.grad is not None and cell.bias.grad is not None
+    check_module_initialises_uniformly_and_runs(lltm().LLTM)
 
 
 def test_not_a_tensor_raises_type_error():
