@@ -14,9 +14,9 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
 
 check_python() {  # $1: interpreter
-  command -v "$1" >/dev/null 2>&1 || die "no Python interpreter '$1'; install Python 3.10 or newer (e.g. apt-get install python3 python3-venv)"
-  "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-    die "$1 is Python $("$1" -c 'import platform; print(platform.python_version())'); the workbook needs 3.10 or newer"
+  command -v "$1" >/dev/null 2>&1 || die "no Python interpreter '$1'; install Python 3.11 or newer (e.g. apt-get install python3 python3-venv)"
+  "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$1 is Python $("$1" -c 'import platform; print(platform.python_version())'); the workbook needs 3.11 or newer (it reads stage.toml with tomllib)"
 }
 
 check_compiler() {
@@ -38,9 +38,11 @@ case "$mode" in
     say "installing requirements.txt into $venv (torch is large: the first time takes minutes) ..."
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
     "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q -r "$repo/requirements.txt"
+    # The workbook's shared Python, editable: stages, tests and scripts import it from common/.
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e "$repo/common"
     # CUDA stages need an nvcc whose major version matches torch's CUDA; where the machine has
     # none, this installs one from pip wheels (a no-op where one is found, or for a CPU torch).
-    PYTHONPATH="$repo/common" "$venv/bin/python" -m workbook.toolkit install ||
+    "$venv/bin/python" -m workbook.toolkit install ||
       say "no CUDA toolkit: stage 4 will be skipped and stage 5 built CPU-only"
     say "done: $("$venv/bin/python" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")')"
     ;;

@@ -67,8 +67,8 @@ def interpreter_path() -> str:
 
 def check_python() -> None:
     version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 10):
-        report("FAIL", "python", f"{version} ({sys.executable})", "use Python 3.10 or newer")
+    if sys.version_info < (3, 11):
+        report("FAIL", "python", f"{version} ({sys.executable})", "use Python 3.11 or newer")
     else:
         report("OK", "python", f"{version} ({sys.executable})")
 

@@ -11,14 +11,15 @@ is built and imported:
 * ``MAX_JOBS`` is honoured; when unset, it defaults to the number of cores;
 * CUDA stages build with the toolkit `workbook.toolkit` finds (``CUDA_HOME`` is set for torch),
   for the GPUs that are visible, or for sm_90 when none is (``TORCH_CUDA_ARCH_LIST``); where no
-  toolkit is found they are skipped with the reason, and stage 05 builds CPU-only.
+  toolkit is found they are skipped with the reason, or built CPU-only where their stage.toml
+  says ``cpu_fallback = true``.
 
-Run ``python -m workbook.build 1`` (with ``common/`` on ``sys.path``) to build stage 1 by hand.
+The stages themselves are found on disk by `workbook.stages`. ``python -m workbook.build 1``
+builds stage 1 by hand; ``python -m workbook.build all`` builds every stage.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import subprocess
@@ -26,58 +27,27 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from . import stages
+from .stages import REPO, Stage, build_root
+
 COMMON_INCLUDE = REPO / "common" / "include"
-STAGES_DIR = REPO / "stages"
-
-
-def build_root() -> Path:
-    """The one folder every build output and JIT cache lives under (git-ignored)."""
-    return Path(os.environ.get("WORKBOOK_BUILD_DIR", REPO / "build")).resolve()
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    number: int
-    folder: str  # folder name under stages/
-    package: str  # importable Python package the stage provides
-    kind: str  # "setup" (built ahead of time with setup.py), "jit" (built when imported)
-    cuda: bool = False  # has CUDA sources, compiled when a CUDA toolkit is found
-    cpu_fallback: bool = False  # with cuda: builds CPU-only (instead of being skipped) without one
-
-    @property
-    def source_dir(self) -> Path:
-        return STAGES_DIR / self.folder
-
-    @property
-    def build_dir(self) -> Path:
-        return build_root() / "stages" / self.folder
-
-    @property
-    def lib_dir(self) -> Path:
-        """Where `setup.py build` puts the importable package (Python files and the .so)."""
-        return self.build_dir / "lib"
-
-
-STAGES = {
-    1: Stage(1, "01_z2xy", "z2xy", "setup"),
-    2: Stage(2, "02_lltm_cpp", "lltm_cpp", "setup"),
-    3: Stage(3, "03_jit", "lltm_jit", "jit"),
-    4: Stage(4, "04_cuda_raw", "lltm_cuda_raw", "setup", cuda=True),
-    5: Stage(5, "05_cuda_accessors", "lltm", "setup", cuda=True, cpu_fallback=True),
-}
 
 
 class StageSkipped(RuntimeError):
     """A stage this machine cannot build (a CUDA stage without a CUDA toolkit); says why."""
 
 
-def stage(number_or_folder: int | str) -> Stage:
-    for s in STAGES.values():
-        if number_or_folder in (s.number, s.folder, str(s.number)):
-            return s
-    known = ", ".join(f"{s.number} ({s.folder})" for s in STAGES.values())
-    raise ValueError(f"unknown stage {number_or_folder!r}; known stages: {known}")
+class StageConflict(ImportError):
+    """Two stages provide the same package, and one of them is already imported in this process.
+
+    A package (and, for torch.library stages, its op namespace) can be loaded once per process:
+    run the other stage's tests in a process of its own, as `make test` does.
+    """
+
+
+def stage(number_or_folder: int | str | Stage) -> Stage:
+    """A stage by number, folder name or path (see workbook.stages.get)."""
+    return stages.get(number_or_folder)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,9 +176,11 @@ def max_jobs() -> str:
     return value
 
 
-def setup_options(folder: str) -> dict:
-    """setuptools options that keep build/ and *.egg-info out of the source tree."""
-    base = build_root() / "stages" / folder
+def setup_options(setup_file: str | Path) -> dict:
+    """setuptools options that keep build/ and *.egg-info out of the source tree: a stage's
+    setup.py passes its own path (``__file__``), and its build goes to build/stages/<folder>."""
+    path = Path(setup_file)
+    base = build_root() / "stages" / (path.parent.name if path.suffix == ".py" else path.name)
     base.mkdir(parents=True, exist_ok=True)
     return {
         "build": {"build_base": str(base), "build_lib": str(base / "lib")},
@@ -230,9 +202,10 @@ def jit_dir(name: str) -> Path:
 
 
 def _sources(s: Stage) -> list[Path]:
-    """Every file whose change must trigger a rebuild of stage s."""
+    """Every file whose change must trigger a rebuild of stage s (its tests are not among them)."""
     patterns = ("*.cpp", "*.cu", "*.h", "*.cuh", "*.py")
-    files = [p for pat in patterns for p in s.source_dir.rglob(pat)]
+    files = [p for pat in patterns for p in s.source_dir.rglob(pat)
+             if not p.name.startswith("test_")]
     files += [p for p in COMMON_INCLUDE.rglob("*") if p.is_file()]
     files.append(Path(__file__))
     return files
@@ -291,7 +264,8 @@ def _first_errors(log: Path, limit: int = 12) -> str:
     return "--- first errors ---\n" + "\n".join(shown)
 
 
-def build_stage(number_or_folder: int | str, *, quiet: bool = False, force: bool = False) -> Path:
+def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
+                force: bool = False) -> Path:
     """Build a setup.py stage under build/ and return the folder to put on sys.path.
 
     A no-op when the built library is newer than every source. The compiler's output goes to
@@ -356,11 +330,24 @@ def prepare() -> None:
     cuda_toolkit()
 
 
-def import_stage(number_or_folder: int | str, *, quiet: bool = True):
-    """Build stage N if needed and import its package. JIT stages build themselves on import."""
+def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
+    """Build stage N if needed and import its package. JIT stages build themselves on import.
+
+    Raises StageConflict when another stage's package of the same name is already imported
+    (a copied stage, or stages 06 and 07, which both build `extops`): one per process.
+    """
     s = stage(number_or_folder)
     tools_on_path()
-    path = build_stage(s.number, quiet=quiet) if s.kind == "setup" else s.source_dir
+    path = build_stage(s, quiet=quiet) if s.kind == "setup" else s.source_dir
+    loaded = sys.modules.get(s.package)
+    if loaded is not None:
+        origin = Path(getattr(loaded, "__file__", None) or "/").resolve()
+        if not origin.is_relative_to(path.resolve()):
+            raise StageConflict(
+                f"{s.label} provides the package `{s.package}`, which this process has already "
+                f"imported from {origin.parent}; a package loads once per process, so test this "
+                f"stage in a process of its own (`make stage {s.number}`)")
+        return loaded
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
     return importlib.import_module(s.package)
@@ -370,21 +357,21 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
-    parser.add_argument("stage", help="stage number (1-5), folder name, or `all`")
+    parser.add_argument("stage", help="stage number, folder name, or `all`")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
-    targets = list(STAGES.values()) if args.stage == "all" else [stage(args.stage)]
+    targets = stages.all_stages() if args.stage == "all" else [stage(args.stage)]
     for s in targets:
         if s.kind == "jit":
             print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
                   f"importing it (cached under {build_root() / 'jit'}) ...", flush=True)
             start = time.perf_counter()
-            import_stage(s.number)
+            import_stage(s)
             print(f"[build] stage {s.number} ({s.folder}) ready in "
                   f"{time.perf_counter() - start:.1f} s")
         else:
             try:
-                build_stage(s.number, force=args.force)
+                build_stage(s, force=args.force)
             except StageSkipped as skipped:
                 print(f"[build] {skipped}")
     return 0

@@ -4,14 +4,10 @@ The build goes under the repository's build/ folder (see common/workbook/build.p
 the source tree.
 """
 
-import sys
-from pathlib import Path
-
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "common"))
-from workbook import build  # noqa: E402
+from workbook import build
 
 setup(
     name="lltm_cpp",
@@ -26,5 +22,5 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options("02_lltm_cpp"),
+    options=build.setup_options(__file__),
 )

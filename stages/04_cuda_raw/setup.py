@@ -5,13 +5,9 @@ toolkit and sets CUDA_HOME before torch.utils.cpp_extension is imported, and com
 visible GPUs or, with none, for sm_90. The build goes under the repository's build/ folder.
 """
 
-import sys
-from pathlib import Path
-
 from setuptools import setup
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "common"))
-from workbook import build, toolkit  # noqa: E402
+from workbook import build, toolkit
 
 if build.cuda_toolkit() is None:  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
     sys.exit(f"stage 04 needs a CUDA toolkit: {toolkit.reason()}")
@@ -31,5 +27,5 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options("04_cuda_raw"),
+    options=build.setup_options(__file__),
 )

@@ -10,13 +10,9 @@ torch.utils.cpp_extension is imported, choose the GPU architectures and the comp
 keep build/ and *.egg-info out of this folder. Without a toolkit, lltm is built CPU-only.
 """
 
-import sys
-from pathlib import Path
-
 from setuptools import setup
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "common"))
-from workbook import build, toolkit  # noqa: E402
+from workbook import build, toolkit
 
 found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
 
@@ -54,5 +50,5 @@ setup(
     install_requires=["torch"],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options("05_cuda_accessors"),
+    options=build.setup_options(__file__),
 )
