@@ -325,9 +325,16 @@ def tools_on_path() -> None:
 def prepare() -> None:
     """Set up what torch's extension builder reads from the environment, before it is imported:
     this interpreter's ninja first on PATH, and CUDA_HOME where a matching toolkit is found
-    (torch picks CUDA_HOME once, at import; its own guess from a wrapper nvcc can be wrong)."""
+    (torch picks CUDA_HOME once, at import; its own guess from a wrapper nvcc can be wrong).
+
+    Importing torch.utils.cpp_extension on a machine with a CUDA toolkit but no GPU logs "No CUDA
+    runtime is found, using CUDA_HOME=...". That is the normal state of a build machine (and of a
+    CPU-only learner's), not a problem, so it is silenced; `make doctor` reports the GPUs."""
+    import logging
+
     tools_on_path()
     cuda_toolkit()
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):

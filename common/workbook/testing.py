@@ -1,246 +1,286 @@
-"""The shared test base: one set of correctness tests that every op of the workbook runs.
+"""The shared test base: the checks every op's tests run, and the parameters they run over.
 
-A stage's test file subclasses `OpTest` (pytest collects the subclass, whose name starts with
-`Test`) and describes its op; the base turns that into tests:
+A stage's test file says what it tests with plain ``pytest.mark.parametrize``, so a reader sees
+every case, device, dtype and layout in the file itself; each test body is one call into this
+module, against the op's descriptor (workbook.ops):
 
-    class TestZ2xy(OpTest):
-        cases = [Case("scalar", {"n": 1}), Case("odd", {"n": 129})]
+    SPEC = ops.get("lltm")
+    STAGE = stages.here(__file__)
 
-        def fn(self, x, y):              # the implementation under test
-            return z2xy_module().z2xy(x, y)
+    def lltm(*args, **kwargs):                 # the implementation under test
+        return STAGE.load().lltm(*args, **kwargs)
 
-        def expected_fn(self, x, y):     # the plain PyTorch reference, run in float64
-            return reference.z2xy(x, y)
+    @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32]), ids=str)
+    def test_against_reference(p):
+        testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
 
-        def make_inputs(self, case, device, dtype, requires_grad):
-            ...                          # a tuple of tensors for one case
+What the checks check:
 
-        def bad_inputs(self):
-            ...                          # BadInput(...)s that must raise, naming the argument
+* check_against_reference: outputs, and the gradient of every input that requires grad, against
+  the float64 reference with the same incoming gradients, within the dtype's tolerances;
+* check_gradcheck: torch.autograd.gradcheck in float64 with the op's options (nondet_tol, ...);
+* check_layout: the same values stored strided, permuted, expanded (stride 0) or channels_last
+  give the same answer, or, for a kernel that refuses them, a clear error;
+* check_requires_grad_of_one: only one input (or none) requires grad; the others get none;
+* check_bad_input: a bad input raises the expected exception, naming the argument;
+* check_opcheck: torch.library.opcheck (schema, fake kernel, autograd registration, AOT
+  dispatch) on a registered op;
+* check_compiled: torch.compile(fullgraph=True), static or dynamic shapes, against eager;
+* on a GPU: check_cuda_matches_cpu, check_graph_capture, check_runs_on_inputs_device.
 
-What the base checks, for every case, device and dtype the subclass lists:
-
-* test_forward: outputs against the float64 reference, with tolerances for the dtype;
-* test_backward: the gradient of every input against the reference's;
-* test_gradcheck: torch.autograd.gradcheck in float64 (fast mode on the large cases);
-* test_noncontiguous: the same op on strided views gives the same answer (or, for kernels that
-  require contiguous inputs, a clear error);
-* test_mixed_requires_grad: only some inputs require grad; the others get no gradient;
-* test_bad_input: each bad input raises the expected exception with a message naming the argument.
-
-Devices that are not present (a CUDA device on this machine) are skipped with the reason.
+Devices that are not here (a CUDA device on this machine) are skipped with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import pytest
 import torch
 
-from .reference import in_float64
+from .opspec import BadInput, Case, OpSpec, Sample, as_tuple, compare, dtype_name, relayout
+
+# ----------------------------------------------------------------------------------------------
+# Parameters
+
+
+def no_device_reason(device: str) -> str | None:
+    """Why `device` cannot run here, or None when it can."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if not torch.version.cuda:
+            return f"this torch ({torch.__version__}) is a CPU-only build"
+        if not torch.cuda.is_available():
+            return "no CUDA device visible (torch.cuda.is_available() is False)"
+        index = torch.device(device).index or 0
+        if index >= torch.cuda.device_count():
+            return f"needs {index + 1} CUDA devices, {torch.cuda.device_count()} visible"
+    return None
+
+
+NO_CUDA = no_device_reason("cuda")
+requires_cuda = pytest.mark.skipif(NO_CUDA is not None, reason=NO_CUDA or "")
+requires_two_gpus = pytest.mark.skipif(no_device_reason("cuda:1") is not None,
+                                       reason=no_device_reason("cuda:1") or "")
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
-    """One input configuration: a name for test ids and the sizes make_inputs reads."""
+class Params:
+    """What one parametrized test runs on: a case of the op, a device and a dtype."""
 
-    name: str
-    sizes: dict[str, int]
-    full_gradcheck: bool = True  # False: gradcheck in fast mode (random projections), for size
+    case: Case
+    device: str
+    dtype: torch.dtype
 
-    def __getitem__(self, key: str) -> int:
-        return self.sizes[key]
+    def __str__(self) -> str:
+        return f"{self.device}-{dtype_name(self.dtype)}-{self.case.name}"
 
-
-@dataclasses.dataclass(frozen=True)
-class BadInput:
-    """Inputs the op must refuse: `make()` builds them, the call must raise `error` matching `match`."""
-
-    name: str
-    make: Callable[[], tuple]
-    error: type[BaseException] | tuple[type[BaseException], ...]
-    match: str
+    def sample(self, spec: OpSpec, requires_grad: bool = True) -> Sample:
+        return spec.make(self.case, device=self.device, dtype=self.dtype,
+                         requires_grad=requires_grad)
 
 
-# (rtol, atol) for comparing an output in `dtype` with the float64 reference.
-TOLERANCES = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (3e-2, 3e-2),
-}
+def params(spec: OpSpec, devices: Sequence[str], dtypes: Sequence[torch.dtype] | None = None,
+           cases: Iterable[Case] | None = None, *, batch0: bool = True) -> list:
+    """pytest params over cases x devices x dtypes (the op's own cases and dtypes by default),
+    plus a batch-0 case; a device that is not here is skipped with the reason."""
+    cases = list(spec.cases if cases is None else cases)
+    if batch0:
+        cases.append(spec.batch0())
+    found = []
+    for device in devices:
+        reason = no_device_reason(device)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        for dtype in dtypes or spec.dtypes:
+            for case in cases:
+                p = Params(case, device, dtype)
+                found.append(pytest.param(p, marks=marks, id=str(p)))
+    return found
 
 
-def device_param(device: str):
-    """A pytest param for a device, skipped with the reason when the device is not here."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        reason = (
-            "no CUDA device visible (torch.cuda.is_available() is False)"
-            if torch.version.cuda
-            else f"this torch ({torch.__version__}) is a CPU-only build"
-        )
-        return pytest.param(device, marks=pytest.mark.skip(reason=reason), id=device)
-    return pytest.param(device, id=device)
+def device_params(devices: Sequence[str]) -> list:
+    """pytest params for devices, skipped with the reason where a device is not here."""
+    out = []
+    for device in devices:
+        reason = no_device_reason(device)
+        out.append(pytest.param(device, marks=[pytest.mark.skip(reason=reason)] if reason else [],
+                                id=device))
+    return out
 
 
-def as_tuple(x: Any) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+def bad_input_params(spec: OpSpec, devices: Sequence[str]) -> list:
+    """pytest params (device, BadInput) for every bad input of the op on every device."""
+    out = []
+    for device in devices:
+        reason = no_device_reason(device)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        # The bad inputs of a device that is not here cannot even be listed; one skipped stand-in.
+        bad = spec.bad_inputs(device) if not reason else \
+            [BadInput("any", lambda d: None, Exception, "")]
+        out += [pytest.param(device, b, marks=marks, id=f"{device}-{b.name}") for b in bad]
+    return out
 
 
-def noncontiguous_like(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` with the same values, stored as a strided view (every other element)."""
-    storage = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
-    view = storage[..., ::2]
+# ----------------------------------------------------------------------------------------------
+# The checks
+
+
+def check_against_reference(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+    """Outputs and input gradients of fn against the float64 reference."""
+    compare(fn, spec, sample).assert_ok()
+
+
+def check_forward(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+    """Outputs only, with no input requiring grad: nothing may be recorded for autograd."""
+    sample = sample.detached(requires_grad=False)
+    compare(fn, spec, sample, gradients=False).assert_ok()
+    for k, out in enumerate(as_tuple(sample.call(fn))):
+        assert out.grad_fn is None and not out.requires_grad, (
+            f"output {k} requires grad although no input does")
+
+
+def _substituted(fn: Callable, sample: Sample) -> tuple[Callable, tuple[torch.Tensor, ...]]:
+    """fn as a function of the sample's differentiable tensors alone (what gradcheck wants)."""
+    names = [name for name, _ in sample.differentiable()]
+    tensors = tuple(t for _, t in sample.differentiable())
+
+    def call(*values):
+        by_name = dict(zip(names, values))
+        return sample.map(lambda name, t: by_name.get(name, t)).call(fn)
+
+    return call, tensors
+
+
+def check_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> None:
+    """torch.autograd.gradcheck in float64: the analytical gradients against finite differences
+    (fast mode, random projections, for cases marked full_gradcheck=False)."""
+    assert sample.dtype == torch.float64, "gradcheck needs float64"
+    call, tensors = _substituted(fn, sample)
+    assert tensors, "gradcheck needs an input that requires grad"
+    assert torch.autograd.gradcheck(call, tensors, **{**spec.gradcheck, **options})
+
+
+def check_layout(fn: Callable, spec: OpSpec, sample: Sample, layout: str,
+                 refused: str | None = None) -> None:
+    """The sample's values stored in `layout` give the reference's answer, or, when `refused`
+    (a regex) is given, raise a RuntimeError matching it."""
+    moved = relayout(sample, layout)
+    if refused is not None:
+        with pytest.raises(RuntimeError, match=refused):
+            moved.call(fn)
+        return
+    changed = [name for (name, a), (_, b) in zip(sample.tensors(), moved.tensors())
+               if a.dim() > 1 and a.numel() > 1 and a.stride() != b.stride()]
+    assert changed, f"layout {layout} left every tensor as it was"
+    compare(fn, spec, moved).assert_ok()
+
+
+def check_requires_grad_of_one(fn: Callable, spec: OpSpec, sample: Sample,
+                               name: str | None) -> None:
+    """Only the input `name` requires grad (None: no input does): its gradient is right and the
+    call records nothing else."""
+    chosen = sample.detached(requires_grad=[name] if name else False)
+    compare(fn, spec, chosen).assert_ok()
+    if name is None:
+        assert all(o.grad_fn is None for o in as_tuple(chosen.call(fn)))
+
+
+def check_bad_input(fn: Callable, bad: BadInput, device: str) -> None:
+    sample = bad.make(device)
+    with pytest.raises(bad.error, match=bad.match):
+        sample.call(fn)
+
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
+                 "test_aot_dispatch_dynamic")
+
+
+def check_opcheck(op, sample: Sample, test_utils: Sequence[str] = OPCHECK_TESTS) -> None:
+    """torch.library.opcheck of the registered op on the sample's arguments."""
+    torch.library.opcheck(op, sample.args, dict(sample.kwargs), test_utils=tuple(test_utils))
+
+
+def check_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False, calls: int = 1,
+                   **compile_kwargs) -> None:
+    """torch.compile(fn, fullgraph=True): outputs and input gradients equal eager's (the last of
+    `calls` compiled calls: a CUDA-graph mode records first and replays after)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, **compile_kwargs)
+    wanted = [t for _, t in sample.differentiable()]
+
+    def run(f):
+        outputs = as_tuple(sample.call(f))
+        grads = torch.autograd.grad(outputs, wanted, [torch.ones_like(o) for o in outputs],
+                                    allow_unused=True) if wanted else ()
+        return outputs, grads
+
+    results = [None, run(fn)]
+    for _ in range(calls):
+        results[0] = run(compiled)
+    for a, b in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
+        torch.testing.assert_close(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU
+
+
+def check_cuda_matches_cpu(fn: Callable, spec: OpSpec, case: Case, cpu_fn: Callable | None = None,
+                           rtol: float = 1e-5, atol: float = 1e-4) -> None:
+    """fn on CUDA against cpu_fn (fn itself by default) on the CPU, on the same float32 values:
+    outputs and every input gradient."""
+    cpu = spec.make(case, device="cpu", dtype=torch.float32)
+    cuda = cpu.map(lambda _, t: t.detach().cuda().requires_grad_(t.requires_grad))
+    results = []
+    for f, s in ((cpu_fn or fn, cpu), (fn, cuda)):
+        outputs = as_tuple(s.call(f))
+        grads = torch.autograd.grad(outputs, [t for _, t in s.differentiable()],
+                                    [torch.ones_like(o) for o in outputs])
+        results.append(outputs + grads)
+    for a, b in zip(*results):
+        torch.testing.assert_close(b.cpu(), a, rtol=rtol, atol=atol)
+
+
+def check_graph_capture(fn: Callable, spec: OpSpec, case: Case) -> None:
+    """Capture forward + backward in a CUDA graph, replay it on new input values, compare with
+    eager. A kernel launched on any stream but the current one (the capture's) fails capture."""
+    sample = spec.make(case, device="cuda", dtype=torch.float32)
+    inputs = [t for _, t in sample.differentiable()]
+
+    def step():
+        outputs = as_tuple(sample.call(fn))
+        return outputs, torch.autograd.grad(sum(o.sum() for o in outputs), inputs)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the graph, as capture requires
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs, grads = step()
+
+    fresh = spec.make(case, device="cuda", dtype=torch.float32, seed=7)
     with torch.no_grad():
-        view.copy_(t)
-    return view.requires_grad_(t.requires_grad)
+        for (_, static), (_, new) in zip(sample.tensors(), fresh.tensors()):
+            static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = as_tuple(fresh.call(fn))
+    eager_grads = torch.autograd.grad(sum(o.sum() for o in eager),
+                                      [t for _, t in fresh.differentiable()])
+    for a, b in zip(outputs + grads, eager + eager_grads):
+        torch.testing.assert_close(a, b)
 
 
-class OpTest:
-    """Base class: subclass it as `Test<Op>` and fill in the attributes and methods below."""
-
-    # -- what a subclass provides --------------------------------------------------------------
-
-    cases: Sequence[Case] = ()
-    devices: Sequence[str] = ("cpu",)
-    # Whether the op computes on strided inputs (True) or refuses them with an error (False).
-    accepts_noncontiguous = True
-    # The substring the error for a non-contiguous input must contain, when it is refused.
-    noncontiguous_error = "contiguous"
-
-    def dtypes(self, device: str) -> Sequence[torch.dtype]:
-        return (torch.float32, torch.float64)
-
-    def fn(self, *inputs: torch.Tensor):
-        raise NotImplementedError
-
-    def expected_fn(self, *inputs: torch.Tensor):
-        raise NotImplementedError
-
-    def make_inputs(
-        self, case: Case, device: str, dtype: torch.dtype, requires_grad: bool = True
-    ) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
-
-    def bad_inputs(self) -> Iterable[BadInput]:
-        return ()
-
-    def tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
-        return TOLERANCES[dtype]
-
-    # -- parametrization -------------------------------------------------------------------------
-
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        # pytest calls this method of the test class once per test function to parametrize it.
-        names = metafunc.fixturenames
-        if "case" in names:
-            metafunc.parametrize("case", list(self.cases), ids=[c.name for c in self.cases])
-        if "device" in names and "dtype" in names:
-            combos = [
-                pytest.param(
-                    *device_param(d).values, dt, marks=device_param(d).marks,
-                    id=f"{d}-{str(dt).removeprefix('torch.')}",
-                )
-                for d in self.devices
-                for dt in self.dtypes(d)
-            ]
-            metafunc.parametrize(("device", "dtype"), combos)
-        elif "device" in names:
-            metafunc.parametrize("device", [device_param(d) for d in self.devices])
-        if "bad" in names:
-            bad = list(self.bad_inputs())
-            metafunc.parametrize("bad", bad, ids=[b.name for b in bad])
-        if "grad_index" in names:
-            n = len(self.make_inputs(self.cases[0], "cpu", torch.float64, requires_grad=False))
-            metafunc.parametrize("grad_index", [None, *range(n)],
-                                 ids=["none", *(f"only{i}" for i in range(n))])
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def run_with_grads(self, fn, inputs, grad_outputs=None):
-        """Outputs of fn(*inputs), and the gradients of the inputs that require grad."""
-        outputs = as_tuple(fn(*inputs))
-        if grad_outputs is None:
-            gen = torch.Generator().manual_seed(1234)
-            grad_outputs = tuple(
-                torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) for o in outputs
-            )
-        wanted = [t for t in inputs if t.requires_grad]
-        if not wanted:
-            return outputs, (), grad_outputs
-        grads = torch.autograd.grad(
-            outputs, wanted, [g.to(o.dtype) for g, o in zip(grad_outputs, outputs)],
-            allow_unused=True,
-        )
-        return outputs, grads, grad_outputs
-
-    def assert_close(self, actual, expected, dtype, what: str) -> None:
-        rtol, atol = self.tolerances(dtype)
-        assert actual is not None, f"{what}: got no tensor (None)"
-        assert actual.dtype == dtype, f"{what}: expected dtype {dtype}, got {actual.dtype}"
-        torch.testing.assert_close(
-            actual.double(), expected.double().to(actual.device), rtol=rtol, atol=atol,
-            msg=lambda m: f"{what} ({dtype}): {m}",
-        )
-
-    def check_against_reference(self, inputs, dtype) -> None:
-        outputs, grads, grad_outputs = self.run_with_grads(self.fn, inputs)
-        ref_outputs, ref_grads, _ = self.run_with_grads(
-            self.expected_fn, in_float64(*inputs), grad_outputs
-        )
-        assert len(outputs) == len(ref_outputs), (
-            f"expected {len(ref_outputs)} outputs, got {len(outputs)}"
-        )
-        for k, (out, ref) in enumerate(zip(outputs, ref_outputs)):
-            self.assert_close(out, ref, dtype, f"output {k}")
-        for k, (g, ref) in enumerate(zip(grads, ref_grads)):
-            self.assert_close(g, ref, dtype, f"gradient of input {k}")
-
-    # -- the tests -------------------------------------------------------------------------------
-
-    def test_forward(self, case, device, dtype):
-        inputs = self.make_inputs(case, device, dtype, requires_grad=False)
-        outputs = as_tuple(self.fn(*inputs))
-        expected = as_tuple(self.expected_fn(*in_float64(*inputs)))
-        assert len(outputs) == len(expected)
-        for k, (out, ref) in enumerate(zip(outputs, expected)):
-            assert out.shape == ref.shape, f"output {k}: shape {out.shape}, expected {ref.shape}"
-            assert out.device == inputs[0].device, f"output {k} is on {out.device}"
-            self.assert_close(out, ref, dtype, f"output {k}")
-
-    def test_backward(self, case, device, dtype):
-        self.check_against_reference(self.make_inputs(case, device, dtype), dtype)
-
-    def test_gradcheck(self, case, device):
-        inputs = self.make_inputs(case, device, torch.float64)
-        assert torch.autograd.gradcheck(
-            self.fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=not case.full_gradcheck
-        )
-
-    def test_noncontiguous(self, device):
-        case = max(self.cases, key=lambda c: sum(c.sizes.values()))
-        dtype = self.dtypes(device)[0]
-        inputs = tuple(noncontiguous_like(t) for t in self.make_inputs(case, device, dtype))
-        assert not any(t.is_contiguous() for t in inputs if t.dim() and t.shape[-1] > 1)
-        if self.accepts_noncontiguous:
-            self.check_against_reference(inputs, dtype)
-        else:
-            with pytest.raises(RuntimeError, match=self.noncontiguous_error):
-                self.fn(*inputs)
-
-    def test_mixed_requires_grad(self, device, grad_index):
-        case = self.cases[-1]
-        inputs = self.make_inputs(case, device, torch.float64, requires_grad=False)
-        if grad_index is not None:
-            inputs[grad_index].requires_grad_(True)
-        self.check_against_reference(inputs, torch.float64)
-        if grad_index is None:
-            assert all(o.grad_fn is None for o in as_tuple(self.fn(*inputs)))
-
-    def test_bad_input(self, bad: BadInput):
-        args = bad.make()
-        with pytest.raises(bad.error, match=bad.match):
-            self.fn(*args)
+def check_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None:
+    """With cuda:0 current and the inputs on cuda:1, the kernels run (and write) on cuda:1."""
+    sample = spec.make(case, device="cuda:1", requires_grad=False)
+    with torch.cuda.device(0):
+        out = as_tuple(sample.call(fn))
+    expected = as_tuple(sample.map(lambda _, t: t.to("cuda:0")).call(fn))
+    for a, b in zip(out, expected):
+        assert a.device == torch.device("cuda:1")
+        torch.testing.assert_close(a.to("cuda:0"), b)

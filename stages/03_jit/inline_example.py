@@ -9,14 +9,7 @@ trying an idea in a notebook; for anything you keep, put the C++ in a file (stag
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "common") not in sys.path:
-    sys.path.insert(0, str(REPO / "common"))
-
-from workbook import build  # noqa: E402
+from workbook import build
 
 build.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
 

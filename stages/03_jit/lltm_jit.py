@@ -13,14 +13,9 @@ The C++ is stage 02's, unchanged: one source, two ways to build it.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "common") not in sys.path:
-    sys.path.insert(0, str(REPO / "common"))
-
-from workbook import build  # noqa: E402
+from workbook import build
 
 build.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
 
@@ -28,7 +23,8 @@ from torch.utils.cpp_extension import load  # noqa: E402
 
 from workbook.lltm import bind  # noqa: E402
 
-SOURCES = [REPO / "stages" / "02_lltm_cpp" / "csrc" / "lltm.cpp"]
+# Stage 02's C++, next door in stages/.
+SOURCES = [Path(__file__).resolve().parents[1] / "02_lltm_cpp" / "csrc" / "lltm.cpp"]
 
 
 def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = False):

@@ -88,7 +88,10 @@ inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tens
 
 // What every op checks of all its tensor inputs together: one floating dtype (the first input's),
 // one device (the first input's, of type `device`) and, for kernels that index raw memory, a dense
-// layout. `args` lists the inputs in order, so the first offender is the one named.
+// layout. `args` lists the inputs in order, so the first offender is the one named. Devices are
+// compared with the first input before the device type is checked, so an input left on another
+// device gets the same message from every backend and from the fake kernel, whichever kernel the
+// dispatcher picked for the mix: "`weights` must be on the same device as `input` (cpu), got meta".
 using NamedTensor = std::pair<const at::Tensor&, Arg>;
 
 enum class Layout { kAny, kContiguous };
@@ -98,17 +101,11 @@ inline void check_inputs(std::initializer_list<NamedTensor> args, c10::DeviceTyp
   const auto& [first, first_arg] = *args.begin();
   check_floating(first, first_arg);
   for (const auto& [t, arg] : args) check_dtype(t, arg, first.scalar_type());
-  for (const auto& [t, arg] : args) {
-    check_device_type(t, arg, device);
-    check_same_device(t, arg, first, first_arg);
-    if (layout == Layout::kContiguous) check_contiguous(t, arg);
+  for (const auto& [t, arg] : args) check_same_device(t, arg, first, first_arg);
+  check_device_type(first, first_arg, device);
+  if (layout == Layout::kContiguous) {
+    for (const auto& [t, arg] : args) check_contiguous(t, arg);
   }
-}
-
-// Index math in 32-bit kernels is only safe below 2^31 elements.
-inline void check_32bit_indexable(const at::Tensor& t, const Arg& arg) {
-  TORCH_CHECK(t.numel() <= static_cast<int64_t>(INT32_MAX), describe(arg), " has ", t.numel(),
-              " elements; this kernel indexes with 32-bit integers and supports at most 2^31 - 1");
 }
 
 }  // namespace workbook

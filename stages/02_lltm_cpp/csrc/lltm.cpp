@@ -27,7 +27,7 @@
 namespace {
 
 // Derivatives of the gate nonlinearities, on whole tensors (the fused kernels of later stages use
-// the scalar versions in workbook/math.h instead).
+// the scalar versions in workbook/lltm_math.h instead).
 at::Tensor d_sigmoid(const at::Tensor& z) {
   const auto s = at::sigmoid(z);
   return (1 - s) * s;

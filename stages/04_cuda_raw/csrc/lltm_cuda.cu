@@ -24,7 +24,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "workbook/math.h"
+#include "workbook/host_device.h"
+#include "workbook/lltm_math.h"
 
 // ----------------------------------------------------------------------------------------------
 // Reference

@@ -4,10 +4,11 @@
 //   build + test:  make stage 5            (this file builds everywhere, with or without nvcc)
 //   v1 (stage 02): about fifteen ATen ops between the GEMMs, each a full pass over B x S memory
 //   v2 (here):     one pass over the gates each way, split over threads with at::parallel_for,
-//                  8 floats at a time with at::vec (AVX2) where the build machine has it
+//                  a SIMD vector at a time with at::vec: 16 floats with AVX-512, 8 with AVX2,
+//                  the width ATen itself runs on the build machine (build.cpu_simd_flags())
 //
 // Sections: kernels, launchers (the ops), registration. The checks are in workbook/lltm_checks.h
-// and the math (sigmoid, elu and their derivatives) in workbook/math.h, shared with the GPU.
+// and the math (sigmoid, elu and their derivatives) in workbook/lltm_math.h, shared with the GPU.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -22,7 +23,7 @@
 #include <type_traits>
 
 #include "workbook/lltm_checks.h"
-#include "workbook/math.h"
+#include "workbook/lltm_math.h"
 
 namespace {
 
@@ -52,9 +53,10 @@ void parallel_over_rows(int64_t batch, int64_t state, const Fn& fn) {
   });
 }
 
-// SIMD versions of workbook/math.h, on at::vec::Vectorized<T>: 8 floats or 4 doubles at a time
-// with AVX2, exp and tanh from SLEEF as in ATen's own kernels. build.cpu_simd_flags() turns AVX2
-// on where the build machine has it; elsewhere Vectorized is a plain loop and this still works.
+// SIMD versions of workbook/lltm_math.h, on at::vec::Vectorized<T>: 16 floats or 8 doubles at a
+// time with AVX-512 (8 and 4 with AVX2), exp and tanh from SLEEF as in ATen's own kernels.
+// build.cpu_simd_flags() selects the instruction set ATen runs on the build machine; where it
+// finds none, Vectorized is a plain loop and this still works.
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
 

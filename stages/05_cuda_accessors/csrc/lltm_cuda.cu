@@ -13,7 +13,8 @@
 // and strides by value, so it can be passed to a kernel; the 32-bit flavour does the index math
 // in int32, which is faster, and is only correct below 2^31 elements, hence the choice below.
 //
-// Sections: reference, kernels, launchers, registration. (Checks: lltm.cpp.)
+// Sections: reference, kernels, launchers, registration. The input checks are
+// workbook/lltm_checks.h, shared with the CPU kernel; the schemas are in lltm.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -29,7 +30,8 @@
 #include <tuple>
 
 #include "workbook/lltm_checks.h"
-#include "workbook/math.h"
+#include "workbook/host_device.h"
+#include "workbook/lltm_math.h"
 
 // ----------------------------------------------------------------------------------------------
 // Reference

@@ -17,16 +17,28 @@ import torch
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
 
+# dtypes by the names C++ prints them with (c10::ScalarType), so that a bad input gets the same
+# message from the fake kernel as from the C++ checks: "got Long", not "got torch.int64".
+_SCALAR_TYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
+                      torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                      torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                      torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                      torch.complex128: "ComplexDouble"}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _SCALAR_TYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
+
 
 def _check_same_dtype_and_device(op: str, names, tensors) -> None:
     first_name, first = names[0], tensors[0]
     torch._check_type(first.dtype.is_floating_point,
                       lambda: f"{op}: `{first_name}` must be a floating-point tensor, "
-                              f"got {first.dtype}")
+                              f"got {_dtype_name(first.dtype)}")
     for name, t in zip(names, tensors):
         torch._check_type(t.dtype == first.dtype,
-                          lambda: f"{op}: `{name}` must have dtype {first.dtype} "
-                                  f"(the dtype of the first input), got {t.dtype}")
+                          lambda: f"{op}: `{name}` must have dtype {_dtype_name(first.dtype)} "
+                                  f"(the dtype of the first input), got {_dtype_name(t.dtype)}")
     for name, t in zip(names, tensors):
         torch._check(t.device == first.device,
                      lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "

@@ -1,4 +1,4 @@
-// workbook/math.h: the scalar math of the LLTM cell, for host and device code alike.
+// workbook/lltm_math.h: the scalar math of the LLTM cell, for host and device code alike.
 //
 // Each function is a template on the scalar type, marked __host__ __device__ when compiled by
 // nvcc, so one definition serves the fused CPU loop and the CUDA kernels. Reduced-precision types
@@ -9,13 +9,8 @@
 #pragma once
 
 #include <cmath>
-#include <cstdint>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define WORKBOOK_HOST_DEVICE __host__ __device__
-#else
-#define WORKBOOK_HOST_DEVICE
-#endif
+#include "workbook/host_device.h"
 
 namespace workbook {
 
@@ -47,12 +42,6 @@ WORKBOOK_HOST_DEVICE inline T elu(T z, T alpha = T(1)) {
 template <typename T>
 WORKBOOK_HOST_DEVICE inline T d_elu(T z, T alpha = T(1)) {
   return z > T(0) ? T(1) : alpha * std::exp(z);
-}
-
-// ceil(a / b) for positive integers: the number of blocks of size b that cover a elements.
-template <typename T>
-WORKBOOK_HOST_DEVICE constexpr T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
 }
 
 }  // namespace workbook

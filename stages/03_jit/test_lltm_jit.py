@@ -1,32 +1,61 @@
-"""Stage 03: the LLTM extension built just in time, and what the JIT build does for you."""
+"""Stage 03: the LLTM extension built just in time, and what the JIT build does for you.
+
+Against the float64 reference, as stage 02 (the same C++); then the JIT build itself: where it
+lands, that a second load is cached, and that load_inline rebuilds after an edit.
+"""
 
 import functools
 import importlib.util
 import os
 
+import pytest
 import torch
-from lltm_base import LLTMOpTest, lltm_inputs
 
-from workbook import build
+from workbook import build, ops, stages, testing
+from workbook.ops import lltm as lltm_op
+
+SPEC = ops.get("lltm")
+STAGE = stages.here(__file__)
 
 
-@functools.cache
 def lltm_jit():
-    return build.import_stage(3)
+    return STAGE.load()
+
+
+def lltm(*args, **kwargs):
+    return lltm_jit().lltm(*args, **kwargs)
 
 
 @functools.cache
 def inline_example():
-    path = build.stage(3).source_dir / "inline_example.py"
+    path = STAGE.source_dir / "inline_example.py"
     spec = importlib.util.spec_from_file_location("inline_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-class TestLLTMJit(LLTMOpTest):
-    def fn(self, *inputs):
-        return lltm_jit().lltm(*inputs)
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32, torch.float64]))
+def test_against_reference(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64], batch0=False))
+def test_gradcheck(p):
+    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+
+
+@pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
+def test_layouts(layout):
+    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33")), layout)
+
+
+@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu"]))
+def test_bad_input(device, bad):
+    testing.check_bad_input(lltm, bad, device)
+
+
+# -- the JIT build ----------------------------------------------------------------------------
 
 
 def built_library(name):
@@ -46,7 +75,7 @@ def test_second_load_is_cached():
     before = os.stat(built_library("lltm_jit")).st_mtime_ns
     again = lltm_jit().load_extension()  # same name, same sources: nothing to compile
     assert os.stat(built_library("lltm_jit")).st_mtime_ns == before
-    x = lltm_inputs(2, 3, 4, requires_grad=False)
+    x = lltm_op.inputs(2, 3, 4, requires_grad=False)
     for a, b in zip(again.forward(*x), lltm_jit()._C.forward(*x)):
         torch.testing.assert_close(a, b)
 

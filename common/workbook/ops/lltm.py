@@ -1,0 +1,139 @@
+"""The LLTM cell (stages 02-06): the descriptor, and the checks every LLTM module shares.
+
+    lltm(input [B, F], weights [3S, S + F], bias [3S], old_h [B, S], old_cell [B, S])
+        -> (new_h, new_cell)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from ..opspec import BadInput, Case, OpSpec, Sample, other_device
+
+ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+
+
+def make(case: Case, *, device="cpu", dtype=torch.float32, requires_grad=True,
+         seed=None) -> Sample:
+    """(input, weights, bias, old_h, old_cell), uniform in +-1, weights and bias in the module's
+    +-1/sqrt(S) range; drawn in float64 on the CPU, so every device and dtype sees the same values
+    (up to rounding)."""
+    batch, features, state = case["batch"], case["features"], case["state"]
+    gen = torch.Generator().manual_seed(batch * 10_000 + state if seed is None else seed)
+    bound = max(state, 1) ** -0.5
+
+    def uniform(*shape, scale=1.0):
+        t = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
+        return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    args = (uniform(batch, features), uniform(3 * state, features + state, scale=bound),
+            uniform(3 * state, scale=bound), uniform(batch, state), uniform(batch, state))
+    return Sample(case.name, args, arg_names=ARG_NAMES)
+
+
+def inputs(batch: int, features: int, state: int, **kwargs) -> tuple[torch.Tensor, ...]:
+    """make()'s tensors for the given sizes, as a tuple: lltm(*inputs(16, 32, 128))."""
+    return make(Case("sizes", {"batch": batch, "features": features, "state": state}),
+                **kwargs).args
+
+
+def bad_inputs(device: str) -> list[BadInput]:
+    """Inputs every LLTM implementation refuses, with the same message; valid ones are B=2, F=3,
+    S=4 on `device`, with one argument replaced."""
+    other = other_device(device)
+
+    def good(**changes):
+        def build(_device):
+            valid = dict(zip(ARG_NAMES, inputs(2, 3, 4, device=device, requires_grad=False)))
+            valid.update({k: v() for k, v in changes.items()})
+            return Sample("bad", tuple(valid[n] for n in ARG_NAMES), arg_names=ARG_NAMES)
+        return build
+
+    def t(*shape, dtype=torch.float32, on=device):
+        return lambda: torch.zeros(*shape, dtype=dtype, device=on)
+
+    return [
+        BadInput("int64_input", good(input=t(2, 3, dtype=torch.int64)),
+                 TypeError, r"`input` must be a floating-point tensor, got Long"),
+        BadInput("int64_weights", good(weights=t(12, 7, dtype=torch.int64)),
+                 TypeError, r"`weights` must have dtype Float.* got Long"),
+        BadInput("float64_bias", good(bias=t(12, dtype=torch.float64)),
+                 TypeError, r"`bias` must have dtype Float.* got Double"),
+        BadInput("input_3d", good(input=t(2, 3, 1)),
+                 ValueError, r"`input` must have 2 dimensions .* got 3"),
+        BadInput("old_h_1d", good(old_h=t(4)),
+                 ValueError, r"`old_h` must have 2 dimensions .* got 1"),
+        BadInput("batch_mismatch", good(old_h=t(5, 4)),
+                 ValueError, r"`old_h` must have size 2 in dimension 0 \(batch size of `input`\)"),
+        BadInput("cell_mismatch", good(old_cell=t(2, 5)),
+                 ValueError, r"`old_cell` must have the shape of `old_h`"),
+        BadInput("features_mismatch", good(weights=t(12, 8)),
+                 ValueError, r"`weights` must have size 7 in dimension 1"),
+        BadInput("state_mismatch", good(weights=t(15, 7)),
+                 ValueError, r"`weights` must have size 12 in dimension 0"),
+        BadInput("bias_mismatch", good(bias=t(11)),
+                 ValueError, r"`bias` must have size 12 in dimension 0"),
+        BadInput("weights_on_another_device", good(weights=t(12, 7, on=other)),
+                 RuntimeError, r"`weights` must be on the same device as `input`"),
+    ]
+
+
+OP = OpSpec(
+    name="lltm",
+    arg_names=ARG_NAMES,
+    output_names=("new_h", "new_cell"),
+    reference=reference.lltm,
+    make=make,
+    # Irregular sizes on purpose: batch 1, state 1, odd and non-power-of-two sizes.
+    cases=(
+        Case("b1_f1_s1", {"batch": 1, "features": 1, "state": 1}),
+        Case("b5_f17_s33", {"batch": 5, "features": 17, "state": 33}),
+        Case("b1_f32_s128", {"batch": 1, "features": 32, "state": 128}, full_gradcheck=False),
+        Case("b3_f1_s129", {"batch": 3, "features": 1, "state": 129}, full_gradcheck=False),
+        Case("b16_f32_s128", {"batch": 16, "features": 32, "state": 128}, full_gradcheck=False),
+        Case("b2_f3_s4", {"batch": 2, "features": 3, "state": 4}),
+    ),
+    batch_key="batch",
+    # The sizes the PyTorch C++ extension tutorial times its LLTM at.
+    demo_case=Case("tutorial", {"batch": 16, "features": 32, "state": 128}),
+    bad_inputs=bad_inputs,
+)
+
+# Beyond OP.cases, for CUDA kernels: a state wider than one block, with a partial last block.
+CUDA_CASES = (
+    *OP.cases,
+    Case("b1_f8_s1025", {"batch": 1, "features": 8, "state": 1025}, full_gradcheck=False),
+    Case("b3_f5_s1500", {"batch": 3, "features": 5, "state": 1500}, full_gradcheck=False),
+)
+
+
+def check_module(LLTM) -> None:
+    """An LLTM module starts with weights and bias spread over +-1/sqrt(S), runs and trains, and
+    refuses sizes below 1."""
+    torch.manual_seed(0)
+    cell = LLTM(input_features=32, state_size=128)
+    bound = 128 ** -0.5
+    for p in (cell.weights, cell.bias):
+        assert p.abs().max() <= bound
+        assert p.abs().max() > 0.9 * bound  # spread over the range, not all zeros
+    x, _, _, h, c = inputs(16, 32, 128, requires_grad=False)
+    new_h, new_c = cell(x, (h, c))
+    assert new_h.shape == new_c.shape == (16, 128)
+    (new_h.sum() + new_c.sum()).backward()
+    assert cell.weights.grad is not None and cell.bias.grad is not None
+
+
+class TwoSteps(torch.nn.Module):
+    """A small model around an LLTM module: two steps of the cell, then a linear read-out (for
+    torch.compile tests)."""
+
+    def __init__(self, cell_type, features=8, state=16):
+        super().__init__()
+        self.cell = cell_type(features, state)
+        self.head = torch.nn.Linear(state, 1)
+
+    def forward(self, x0, x1, h, c):
+        h, c = self.cell(x0, (h, c))
+        h, c = self.cell(x1, (h, c))
+        return self.head(h).sum() + c.mean()

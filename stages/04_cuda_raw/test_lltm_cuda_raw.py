@@ -1,0 +1,92 @@
+"""Stage 04: fused CUDA kernels on raw pointers, against the float64 reference.
+
+Everywhere nvcc is found, the stage must compile, link and import, and refuse CPU tensors with a
+clear error. With a GPU, the kernels are also checked in every dtype, at state sizes that are not
+a multiple of the block size, against the CPU extension of stage 02 (the same C++ front), and
+under CUDA graph capture. Without nvcc every test is skipped with the reason.
+"""
+
+import pytest
+import torch
+
+from workbook import build, ops, stages, testing
+from workbook.ops import lltm as lltm_op
+
+SPEC = ops.get("lltm")
+STAGE = stages.here(__file__)
+CUDA = ["cuda"]
+
+
+def module():
+    try:
+        return STAGE.load()
+    except build.StageSkipped as skipped:
+        pytest.skip(str(skipped))
+
+
+def lltm(*args, **kwargs):
+    return module().lltm(*args, **kwargs)
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, CUDA, cases=lltm_op.CUDA_CASES))
+def test_against_reference(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, CUDA, [torch.float64], batch0=False))
+def test_gradcheck(p):
+    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+
+
+@testing.requires_cuda
+@pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
+def test_layouts_are_refused(layout):
+    # Raw pointers assume dense rows: the front refuses strided inputs, saying what to do.
+    sample = SPEC.make(SPEC.case("b5_f17_s33"), device="cuda")
+    testing.check_layout(lltm, SPEC, sample, layout, refused=r"must be contiguous.*contiguous\(\)")
+
+
+@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, CUDA))
+def test_bad_input(device, bad):
+    testing.check_bad_input(lltm, bad, device)
+
+
+# -- without a GPU: the stage builds, links and imports ------------------------------------------
+
+
+def test_imports_with_both_functions():
+    m = module()
+    assert callable(m._C.forward) and callable(m._C.backward)
+    assert issubclass(m.LLTM, torch.nn.Module)
+    assert m.__file__.startswith(str(build.build_root()))
+
+
+def test_cpu_tensors_are_refused_naming_the_argument():
+    inputs = lltm_op.inputs(2, 3, 4, requires_grad=False)
+    with pytest.raises(RuntimeError,
+                       match=r"lltm: `input` must be a CUDA tensor, got a tensor on cpu"):
+        lltm(*inputs)
+    new_cell, gates = torch.zeros(2, 4), torch.zeros(2, 12)
+    x, w, _, h, _ = inputs
+    with pytest.raises(RuntimeError,
+                       match=r"lltm_backward: `grad_h` must be a CUDA tensor, got a tensor on cpu"):
+        module()._C.backward(new_cell, new_cell, new_cell, gates, x, h, w)
+
+
+# -- with a GPU -----------------------------------------------------------------------------------
+
+
+@testing.requires_cuda
+def test_matches_the_cpu_extension_of_stage_02():
+    testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029),
+                                   cpu_fn=stages.get(2).load().lltm)
+
+
+@testing.requires_cuda
+def test_runs_on_the_current_stream_under_graph_capture():
+    testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
+
+
+@testing.requires_two_gpus
+def test_runs_on_the_inputs_device_not_the_current_one():
+    testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))

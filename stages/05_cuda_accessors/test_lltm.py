@@ -1,0 +1,213 @@
+"""Stage 05: the production `lltm` package: torch.library ops with fused CPU and CUDA kernels.
+
+On every machine: the CPU kernels against the float64 reference in all four dtypes, opcheck on
+every sample, every bad input also through the fake kernel (meta tensors), torch.compile
+(fullgraph=True) against eager, and a package that imports without the workbook. With nvcc the
+CUDA kernels must be compiled in; with a GPU they are checked like the CPU ones, against the CPU,
+and under CUDA graphs.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from workbook import ops, reference, stages, testing, toolkit
+from workbook.opspec import Sample
+from workbook.ops import lltm as lltm_op
+
+SPEC = ops.get("lltm")
+STAGE = stages.here(__file__)
+DEVICES = ["cpu", "cuda"]
+
+
+def package():
+    return STAGE.load()
+
+
+def lltm(*args, **kwargs):
+    return package().lltm(*args, **kwargs)
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"]) +
+                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_CASES))
+def test_against_reference(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float32]))
+def test_forward_records_nothing_without_grad(p):
+    testing.check_forward(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64], batch0=False))
+def test_gradcheck(p):
+    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+
+
+@pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
+@pytest.mark.parametrize("device", testing.device_params(DEVICES))
+def test_layouts(device, layout):
+    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33"), device=device), layout)
+
+
+@pytest.mark.parametrize("name", [None, *lltm_op.ARG_NAMES])
+def test_requires_grad_of_one(name):
+    testing.check_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
+                                                             dtype=torch.float64), name)
+
+
+# The same bad inputs on the CPU kernel, on the fake kernel (meta tensors) and on CUDA: the C++
+# checks and the fake kernel's must refuse the same inputs with the same message.
+@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta", "cuda"]))
+def test_bad_input(device, bad):
+    testing.check_bad_input(lltm, bad, device)
+
+
+# opcheck on every sample the reference tests use (float64: opcheck's own comparisons are exact
+# enough there), with and without inputs that require grad.
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+def test_opcheck_forward(p, requires_grad):
+    package()
+    testing.check_opcheck(torch.ops.lltm.forward.default, p.sample(SPEC, requires_grad))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+def test_opcheck_backward(p, requires_grad):
+    package()
+    x, w, b, h, c = p.sample(SPEC, requires_grad=False).args
+    _, new_cell, gates = torch.ops.lltm.forward(x, w, b, h, c)
+    grad_h, grad_cell = torch.randn_like(new_cell), torch.randn_like(new_cell)
+    args = tuple(t.requires_grad_(requires_grad)
+                 for t in (grad_h, grad_cell, new_cell, gates, x, h, w))
+    # With inputs that require grad, test_aot_dispatch_dynamic differentiates through the backward
+    # op, which raises by design (test_double_backward_raises_clearly): the other three run.
+    tests = testing.OPCHECK_TESTS[:3] if requires_grad else testing.OPCHECK_TESTS
+    testing.check_opcheck(torch.ops.lltm.backward.default,
+                          Sample("backward", args), tests)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compile_fullgraph_matches_eager(dynamic):
+    torch.manual_seed(0)
+    model = lltm_op.TwoSteps(package().LLTM)
+    inputs = [torch.randn(4, n) for n in (8, 8, 16, 16)]
+    testing.check_compiled(model, Sample("two_steps", tuple(
+        t.requires_grad_() for t in inputs)), dynamic=dynamic)
+
+
+def test_meta_inputs_run_the_fake_kernel():
+    package()
+    inputs = lltm_op.inputs(2, 3, 4, device="meta", requires_grad=False)
+    outputs = torch.ops.lltm.forward(*inputs)
+    assert [tuple(o.shape) for o in outputs] == [(2, 4), (2, 4), (2, 12)]
+    assert all(o.device.type == "meta" and o.dtype == torch.float32 for o in outputs)
+    x, w, _, h, c = inputs
+    grads = torch.ops.lltm.backward(c, c, c, outputs[2], x, h, w)
+    assert [tuple(g.shape) for g in grads] == [(2, 3), (12, 7), (12,), (2, 4), (2, 4)]
+
+
+# -- the package ----------------------------------------------------------------------------------
+
+
+def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
+    package()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("lltm::forward", "CPU")
+    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("lltm::forward", "CUDA")
+    assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
+
+
+IMPORT_ALONE = """
+import sys, torch, lltm
+assert "workbook" not in sys.modules, "lltm imported the workbook"
+h, c = lltm.LLTM(3, 4)(torch.zeros(2, 3), (torch.zeros(2, 4), torch.zeros(2, 4)))
+print(tuple(h.shape), tuple(c.shape))
+"""
+
+
+def test_imports_from_anywhere_without_the_workbook(tmp_path):
+    """What `pip install` ships: the built package alone, with only torch beside it."""
+    package()
+    env = dict(os.environ, PYTHONPATH=str(STAGE.lib_dir))
+    result = subprocess.run([sys.executable, "-c", IMPORT_ALONE], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-2] == "(2, 4) (2, 4)"
+
+
+def test_module_initialises_uniformly_and_runs():
+    lltm_op.check_module(package().LLTM)
+
+
+def test_not_a_tensor_raises_type_error():
+    x, w, b, h, c = lltm_op.inputs(2, 3, 4, requires_grad=False)
+    with pytest.raises(TypeError, match="`old_h` must be a tensor, got list"):
+        lltm(x, w, b, [[0.0] * 4] * 2, c)
+
+
+def test_gates_output_takes_no_gradient():
+    package()
+    new_h, new_cell, gates = torch.ops.lltm.forward(*lltm_op.inputs(2, 3, 4))
+    assert new_h.requires_grad and new_cell.requires_grad and not gates.requires_grad
+
+
+@pytest.mark.parametrize("used", ["new_h", "new_cell"])
+def test_gradient_through_one_output_only(used):
+    # The other output's gradient reaches the backward as None (set_materialize_grads(False)).
+    inputs = lltm_op.inputs(3, 5, 7, dtype=torch.float64)
+    index = ("new_h", "new_cell").index(used)
+    grads = torch.autograd.grad(lltm(*inputs)[index].sum(), inputs)
+    ref_inputs = reference.in_float64(*inputs)
+    expected = torch.autograd.grad(reference.lltm(*ref_inputs)[index].sum(), ref_inputs)
+    for name, g, e in zip(lltm_op.ARG_NAMES, grads, expected):
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient of {name}: {m}")
+
+
+def test_double_backward_raises_clearly():
+    inputs = lltm_op.inputs(2, 3, 4, dtype=torch.float64)
+    new_h, new_cell = lltm(*inputs)
+    grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="lltm: double backward is not supported"):
+        torch.autograd.grad(grads[1].sum(), inputs)
+
+
+def test_backward_op_checks_its_inputs():
+    package()
+    x, w, _, h, c = lltm_op.inputs(2, 3, 4, requires_grad=False)
+    with pytest.raises(ValueError,
+                       match=r"lltm_backward: `gates` must have size 12 in dimension 1"):
+        torch.ops.lltm.backward(c, c, c, torch.zeros(2, 11), x, h, w)
+    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype Float"):
+        torch.ops.lltm.backward(c, c, c, torch.zeros(2, 12), x, h, w.double())
+
+
+# -- with a GPU -----------------------------------------------------------------------------------
+
+
+@testing.requires_cuda
+def test_cuda_matches_cpu():
+    testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029))
+
+
+@testing.requires_cuda
+def test_runs_on_the_current_stream_under_graph_capture():
+    testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
+
+
+@testing.requires_cuda
+def test_compile_reduce_overhead_on_cuda():
+    """mode="reduce-overhead" replays the compiled graph as a CUDA graph."""
+    torch.manual_seed(0)
+    model = lltm_op.TwoSteps(package().LLTM).cuda()
+    inputs = [torch.randn(4, n, device="cuda").requires_grad_() for n in (8, 8, 16, 16)]
+    testing.check_compiled(model, Sample("two_steps", tuple(inputs)), calls=2,
+                           mode="reduce-overhead")
+
+
+@testing.requires_two_gpus
+def test_runs_on_the_inputs_device_not_the_current_one():
+    testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
