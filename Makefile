@@ -30,22 +30,30 @@ export TORCHINDUCTOR_CACHE_DIR := $(BUILD)/inductor
 export PYTHONPATH := $(REPO)/common$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PATH := $(dir $(abspath $(PY))):$(PATH)
 
-PYTEST := $(PY) -m pytest -p no:cacheprovider
+# The stages are the folders stages/NN_name (each described by its stage.toml): `make stage 6`
+# and `make stage 06` both name stages/06_*. Nothing here lists them.
+STAGE_FOLDERS := $(notdir $(wildcard $(REPO)/stages/[0-9][0-9]_*))
+STAGE_NUMBERS := $(foreach f,$(STAGE_FOLDERS),$(shell echo $(f) | cut -c1-2))
+STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi clean distclean env env-check \
-	1 2 3 4 5
+.PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
+	lint clean distclean env env-check $(STAGE_GOALS)
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
 	@echo
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
-	@echo "  make stage N     build stage N (1-5) and run its tests, e.g. make stage 3"
-	@echo "  make bench       time every stage against PyTorch and torch.compile (CPU; GPU if present), writes bench/results/"
+	@echo "  make stage N     build stage N and run its tests, e.g. make stage 3"
+	@echo "  make diff N      the lesson of stage N: its files against the stage before, side by side in diff -u"
+	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
+	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
-	@echo "  make install     pip-install the production module (import lltm) into this Python"
+	@echo "  make new-stage NAME=my_op   start a stage of your own from the production pattern"
+	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
+	@echo "  make install     pip-install the production library into this Python"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
 	@echo "  make fix-abi STAGE=N   repair a stage built with the wrong C++11 ABI (CHECK=1: only report)"
@@ -55,6 +63,9 @@ help:
 	@echo
 	@echo "  PYTHON=/path/to/python make ...   use that interpreter (with torch) instead of .venv"
 	@echo "  MAX_JOBS=N make ...               parallel compile jobs (now $(MAX_JOBS))"
+	@echo
+	@echo "The stages (found in stages/, each described by its stage.toml):"
+	@$(BOOTSTRAP_PYTHON) -m workbook.stages || echo "  (could not read them: see the error above)"
 
 # -- environment ------------------------------------------------------------------------------
 
@@ -69,23 +80,29 @@ env-check:
 
 # -- building and testing ---------------------------------------------------------------------
 
-# `make stage 3`: the number is a goal of its own, which does nothing (see the last rule).
+# `make stage 3`: the number is a goal of its own, which does nothing (see the last rule). Each
+# stage's tests run in a pytest process of their own (python -m workbook.suite says why).
 stage: $(ENV_READY)
-	@if [ -z "$(STAGE)" ]; then echo "usage: make stage N   (N = 1..5)"; exit 2; fi
+	@if [ -z "$(STAGE)" ]; then echo "usage: make stage N   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
 	@$(PY) -m workbook.build $(STAGE)
-	@$(PYTEST) $$(ls $(REPO)/tests/test_stage0$(STAGE)_*.py) -q -rs
+	@$(PY) -m workbook.suite $(STAGE)
 
 test: $(ENV_READY)
 	@$(PY) -m workbook.build all
-	@$(PYTEST) $(REPO)/tests -q -rs
+	@$(PY) -m workbook.suite all
+
+# `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
+diff: $(ENV_READY)
+	@if [ -z "$(STAGE)" ]; then echo "usage: make diff N"; exit 2; fi
+	@$(PY) -m workbook.stages --diff $(STAGE)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
 
-# BENCH_ARGS="--smoke" for a quick run, "--device cuda" for the GPU section only.
+# OP=lltm for one op; BENCH_ARGS="--smoke" for a quick run, "--device cuda" for the GPU only.
 bench: $(ENV_READY)
 	@$(PY) -m workbook.build all
-	@$(PY) $(REPO)/bench/lltm_bench.py $(BENCH_ARGS)
+	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
 
 # -- notebooks ---------------------------------------------------------------------------------
 
@@ -104,9 +121,9 @@ lab: $(ENV_READY)
 
 # -- the production module ----------------------------------------------------------------------
 
-# Install the production module, stage 05, as the package `lltm`.
+# Install the production library (the last stage whose stage.toml says `production = true`).
 install: $(ENV_READY)
-	@$(PY) -m pip install --no-build-isolation $(REPO)/stages/05_cuda_accessors
+	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.stages --production)"
 
 # nvcc and CUDA headers from pip wheels, matching torch's CUDA (a no-op where one is found).
 cuda-toolkit: $(ENV_READY)
@@ -129,6 +146,19 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# The N of `make stage N`.
-1 2 3 4 5:
-	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi) ;; *) echo "did you mean: make stage $@";; esac
+# -- your own stage, and keeping the tree tidy -------------------------------------------------
+
+# make new-stage NAME=my_op: stages/NN_my_op from the production pattern (a small, working op).
+new-stage: $(ENV_READY)
+	@if [ -z "$(NAME)" ]; then echo "usage: make new-stage NAME=my_op"; exit 2; fi
+	@$(PY) $(REPO)/scripts/new_stage.py $(NAME)
+
+# ruff and clang-format, installed into the environment from requirements-dev.txt on first use.
+lint: $(ENV_READY)
+	@$(PY) -c "import ruff, clang_format" 2>/dev/null || \
+		$(PY) -m pip install --disable-pip-version-check --quiet -r $(REPO)/requirements-dev.txt
+	@$(PY) $(REPO)/scripts/lint.py
+
+# The N of `make stage N`, `make diff N`.
+$(STAGE_GOALS):
+	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi|diff) ;; *) echo "did you mean: make stage $@";; esac

@@ -8,6 +8,10 @@ A stage is a folder ``stages/NN_name/`` holding a ``stage.toml``:
     build = "setup"                            # "setup": setup.py, ahead of time; "jit": on import
     cuda = true                                # has CUDA sources (built where nvcc is found)
     cpu_fallback = true                        # with cuda: CPU-only build, not a skip, without nvcc
+    production = true                          # `make install` installs the last such stage
+    lesson = [["04_cuda_raw/csrc/lltm_cuda.cu", "05_cuda_accessors/csrc/lltm_cuda.cu"]]
+                                               # `make diff N`: file pairs (under stages/) whose
+                                               # diff is the stage's lesson
 
 The number is the folder's two-digit prefix. The stage's tests are the ``test_*.py`` files in its
 folder; they find their own stage with ``stages.here(__file__)``, so a folder copied under a new
@@ -15,12 +19,14 @@ number is a new stage, built by ``make stage N`` and tested by ``make test``, wi
 
     python -m workbook.stages                 the stages, one line each (what `make help` prints)
     python -m workbook.stages --readme-table  the README's stage table, as it must read
-    python -m workbook.stages --numbers       the numbers alone, for the Makefile
+    python -m workbook.stages --diff 5        stage 5's lesson: the diff of its `lesson` pairs
+    python -m workbook.stages --production    the folder `make install` installs
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import sys
@@ -33,7 +39,8 @@ FOLDER_NAME = re.compile(r"^(\d{2})_[a-z0-9_]+$")
 
 # The keys of stage.toml: name -> (type, required).
 _KEYS = {"title": (str, True), "package": (str, True), "ops": (list, True),
-         "build": (str, True), "cuda": (bool, False), "cpu_fallback": (bool, False)}
+         "build": (str, True), "cuda": (bool, False), "cpu_fallback": (bool, False),
+         "production": (bool, False), "lesson": (list, False)}
 
 
 class StageError(ValueError):
@@ -55,6 +62,8 @@ class Stage:
     kind: str  # "setup" (built ahead of time with setup.py), "jit" (built when imported)
     cuda: bool = False  # has CUDA sources, compiled when a CUDA toolkit is found
     cpu_fallback: bool = False  # with cuda: builds CPU-only (instead of being skipped) without one
+    production: bool = False  # a library to install (`make install` takes the last such stage)
+    lesson: tuple[tuple[str, str], ...] = ()  # (before, after) file pairs, relative to stages/
     source_dir: Path = dataclasses.field(default=STAGES_DIR, compare=False)
 
     @property
@@ -114,9 +123,13 @@ def read(folder: Path) -> Stage:
                          f"known: {', '.join(_KEYS)}")
     if data["build"] not in ("setup", "jit"):
         raise StageError(f"{path}: `build` must be \"setup\" or \"jit\", got {data['build']!r}")
+    lesson = data.get("lesson", [])
+    if not all(isinstance(pair, list) and len(pair) == 2 for pair in lesson):
+        raise StageError(f"{path}: `lesson` must be a list of [before, after] file pairs")
     return Stage(int(match.group(1)), folder.name, data["title"], data["package"],
                  tuple(data["ops"]), data["build"], data.get("cuda", False),
-                 data.get("cpu_fallback", False), folder)
+                 data.get("cpu_fallback", False), data.get("production", False),
+                 tuple(tuple(pair) for pair in lesson), folder)
 
 
 def discover(root: Path = STAGES_DIR) -> dict[int, Stage]:
@@ -168,6 +181,33 @@ def providing(op: str) -> list[Stage]:
     return [s for s in all_stages() if op in s.ops]
 
 
+def production() -> Stage:
+    """The stage `make install` installs: the last one marked production = true."""
+    marked = [s for s in all_stages() if s.production]
+    if not marked:
+        raise StageError("no stage.toml says `production = true`: nothing to install")
+    return marked[-1]
+
+
+def lesson_diff(s: Stage) -> str:
+    """The unified diff of each of the stage's lesson pairs, one after the other."""
+    if not s.lesson:
+        return f"{s.label} names no lesson pairs in its stage.toml (`lesson = [[before, after]]`)"
+    chunks = []
+    root = s.source_dir.parent
+    for before, after in s.lesson:
+        a, b = root / before, root / after
+        missing = [str(p) for p in (a, b) if not p.is_file()]
+        if missing:
+            raise StageError(f"{s.source_dir / 'stage.toml'}: `lesson` names missing files: "
+                             f"{', '.join(missing)}")
+        chunks.append("".join(difflib.unified_diff(
+            a.read_text().splitlines(keepends=True), b.read_text().splitlines(keepends=True),
+            f"stages/{before}", f"stages/{after}")) or f"(stages/{before} and stages/{after} "
+            f"are the same)\n")
+    return "\n".join(chunks)
+
+
 def readme_table(stages: list[Stage] | None = None) -> str:
     """The stage table of README.md, generated from the stage folders."""
     rows = ["| stage | folder | what it adds | build and test |", "| --- | --- | --- | --- |"]
@@ -183,10 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--readme-table", action="store_true", help="print README.md's stage table")
     group.add_argument("--numbers", action="store_true", help="print the stage numbers")
+    group.add_argument("--diff", metavar="N", help="print stage N's lesson as a diff")
+    group.add_argument("--production", action="store_true",
+                       help="print the folder of the production library")
     args = parser.parse_args(argv)
     try:
         stages = all_stages()
-    except StageError as error:
+        if args.diff:
+            print(lesson_diff(get(args.diff)), end="")
+            return 0
+        if args.production:
+            print(production().source_dir)
+            return 0
+    except (StageError, ValueError) as error:
         print(f"[stages] {error}", file=sys.stderr)
         return 1
     if args.readme_table:

@@ -222,6 +222,22 @@ def check_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False
         torch.testing.assert_close(a, b)
 
 
+def check_imports_alone(stage, snippet: str, cwd) -> str:
+    """Run `snippet` in a fresh interpreter that sees the stage's built package and nothing of the
+    workbook (what `pip install` ships: the package and torch); returns what it printed."""
+    import os
+    import subprocess
+    import sys
+
+    stage.load()
+    env = dict(os.environ, PYTHONPATH=str(stage.lib_dir))
+    check = f"import sys\n{snippet}\nassert 'workbook' not in sys.modules, 'imported the workbook'\n"
+    result = subprocess.run([sys.executable, "-c", check], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 # ----------------------------------------------------------------------------------------------
 # On a GPU
 

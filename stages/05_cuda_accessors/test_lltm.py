@@ -7,14 +7,10 @@ CUDA kernels must be compiled in; with a GPU they are checked like the CPU ones,
 and under CUDA graphs.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from workbook import ops, reference, stages, testing, toolkit
+from workbook import ops, stages, testing, toolkit
 from workbook.opspec import Sample
 from workbook.ops import lltm as lltm_op
 
@@ -79,36 +75,24 @@ def test_opcheck_forward(p, requires_grad):
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
 def test_opcheck_backward(p, requires_grad):
     package()
-    x, w, b, h, c = p.sample(SPEC, requires_grad=False).args
-    _, new_cell, gates = torch.ops.lltm.forward(x, w, b, h, c)
-    grad_h, grad_cell = torch.randn_like(new_cell), torch.randn_like(new_cell)
-    args = tuple(t.requires_grad_(requires_grad)
-                 for t in (grad_h, grad_cell, new_cell, gates, x, h, w))
+    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.lltm.forward, requires_grad)
     # With inputs that require grad, test_aot_dispatch_dynamic differentiates through the backward
     # op, which raises by design (test_double_backward_raises_clearly): the other three run.
     tests = testing.OPCHECK_TESTS[:3] if requires_grad else testing.OPCHECK_TESTS
-    testing.check_opcheck(torch.ops.lltm.backward.default,
-                          Sample("backward", args), tests)
+    testing.check_opcheck(torch.ops.lltm.backward.default, sample, tests)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_compile_fullgraph_matches_eager(dynamic):
     torch.manual_seed(0)
     model = lltm_op.TwoSteps(package().LLTM)
-    inputs = [torch.randn(4, n) for n in (8, 8, 16, 16)]
-    testing.check_compiled(model, Sample("two_steps", tuple(
-        t.requires_grad_() for t in inputs)), dynamic=dynamic)
+    inputs = tuple(torch.randn(4, n).requires_grad_() for n in (8, 8, 16, 16))
+    testing.check_compiled(model, Sample("two_steps", inputs), dynamic=dynamic)
 
 
-def test_meta_inputs_run_the_fake_kernel():
+def test_meta_inputs_run_the_fake_kernels():
     package()
-    inputs = lltm_op.inputs(2, 3, 4, device="meta", requires_grad=False)
-    outputs = torch.ops.lltm.forward(*inputs)
-    assert [tuple(o.shape) for o in outputs] == [(2, 4), (2, 4), (2, 12)]
-    assert all(o.device.type == "meta" and o.dtype == torch.float32 for o in outputs)
-    x, w, _, h, c = inputs
-    grads = torch.ops.lltm.backward(c, c, c, outputs[2], x, h, w)
-    assert [tuple(g.shape) for g in grads] == [(2, 3), (12, 7), (12,), (2, 4), (2, 4)]
+    lltm_op.check_fake_kernels(torch.ops.lltm.forward, torch.ops.lltm.backward)
 
 
 # -- the package ----------------------------------------------------------------------------------
@@ -121,22 +105,12 @@ def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
     assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
 
 
-IMPORT_ALONE = """
-import sys, torch, lltm
-assert "workbook" not in sys.modules, "lltm imported the workbook"
-h, c = lltm.LLTM(3, 4)(torch.zeros(2, 3), (torch.zeros(2, 4), torch.zeros(2, 4)))
-print(tuple(h.shape), tuple(c.shape))
-"""
-
-
 def test_imports_from_anywhere_without_the_workbook(tmp_path):
-    """What `pip install` ships: the built package alone, with only torch beside it."""
-    package()
-    env = dict(os.environ, PYTHONPATH=str(STAGE.lib_dir))
-    result = subprocess.run([sys.executable, "-c", IMPORT_ALONE], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[-2] == "(2, 4) (2, 4)"
+    out = testing.check_imports_alone(STAGE, "import torch, lltm\n"
+                                      "h, c = lltm.LLTM(3, 4)(torch.zeros(2, 3), "
+                                      "(torch.zeros(2, 4), torch.zeros(2, 4)))\n"
+                                      "print(tuple(h.shape), tuple(c.shape))", tmp_path)
+    assert out.split("\n")[-2] == "(2, 4) (2, 4)"
 
 
 def test_module_initialises_uniformly_and_runs():
@@ -144,45 +118,26 @@ def test_module_initialises_uniformly_and_runs():
 
 
 def test_not_a_tensor_raises_type_error():
-    x, w, b, h, c = lltm_op.inputs(2, 3, 4, requires_grad=False)
-    with pytest.raises(TypeError, match="`old_h` must be a tensor, got list"):
-        lltm(x, w, b, [[0.0] * 4] * 2, c)
+    lltm_op.check_not_a_tensor_raises(lltm)
 
 
 def test_gates_output_takes_no_gradient():
     package()
-    new_h, new_cell, gates = torch.ops.lltm.forward(*lltm_op.inputs(2, 3, 4))
-    assert new_h.requires_grad and new_cell.requires_grad and not gates.requires_grad
+    lltm_op.check_gates_take_no_gradient(torch.ops.lltm.forward)
 
 
-@pytest.mark.parametrize("used", ["new_h", "new_cell"])
+@pytest.mark.parametrize("used", lltm_op.OP.output_names)
 def test_gradient_through_one_output_only(used):
-    # The other output's gradient reaches the backward as None (set_materialize_grads(False)).
-    inputs = lltm_op.inputs(3, 5, 7, dtype=torch.float64)
-    index = ("new_h", "new_cell").index(used)
-    grads = torch.autograd.grad(lltm(*inputs)[index].sum(), inputs)
-    ref_inputs = reference.in_float64(*inputs)
-    expected = torch.autograd.grad(reference.lltm(*ref_inputs)[index].sum(), ref_inputs)
-    for name, g, e in zip(lltm_op.ARG_NAMES, grads, expected):
-        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient of {name}: {m}")
+    lltm_op.check_gradient_through_one_output(lltm, used)
 
 
 def test_double_backward_raises_clearly():
-    inputs = lltm_op.inputs(2, 3, 4, dtype=torch.float64)
-    new_h, new_cell = lltm(*inputs)
-    grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), inputs, create_graph=True)
-    with pytest.raises(RuntimeError, match="lltm: double backward is not supported"):
-        torch.autograd.grad(grads[1].sum(), inputs)
+    lltm_op.check_double_backward_raises(lltm)
 
 
 def test_backward_op_checks_its_inputs():
     package()
-    x, w, _, h, c = lltm_op.inputs(2, 3, 4, requires_grad=False)
-    with pytest.raises(ValueError,
-                       match=r"lltm_backward: `gates` must have size 12 in dimension 1"):
-        torch.ops.lltm.backward(c, c, c, torch.zeros(2, 11), x, h, w)
-    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype Float"):
-        torch.ops.lltm.backward(c, c, c, torch.zeros(2, 12), x, h, w.double())
+    lltm_op.check_backward_op_checks_its_inputs(torch.ops.lltm.backward)
 
 
 # -- with a GPU -----------------------------------------------------------------------------------

@@ -137,3 +137,77 @@ class TwoSteps(torch.nn.Module):
         h, c = self.cell(x0, (h, c))
         h, c = self.cell(x1, (h, c))
         return self.head(h).sum() + c.mean()
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks of an LLTM registered as torch.library ops (stages 05, 06): `forward_op` and
+# `backward_op` are the OpOverloads, `fn` the functional form.
+
+
+def backward_sample(sample: Sample, forward_op, requires_grad: bool) -> Sample:
+    """The arguments of the backward op for a forward sample: incoming gradients, then what the
+    forward saves."""
+    x, w, b, h, c = sample.detached(requires_grad=False).args
+    _, new_cell, gates = forward_op(x, w, b, h, c)
+    gen = torch.Generator().manual_seed(5)
+    grad_h, grad_cell = (torch.randn(new_cell.shape, generator=gen, dtype=torch.float64)
+                         .to(new_cell) for _ in range(2))
+    args = tuple(t.requires_grad_(requires_grad)
+                 for t in (grad_h, grad_cell, new_cell, gates, x, h, w))
+    names = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
+    return Sample(f"{sample.name}-backward", args, arg_names=names)
+
+
+def check_fake_kernels(forward_op, backward_op) -> None:
+    """Meta tensors run the fake kernels: right shapes, dtype and device, no kernel launched."""
+    x, w, b, h, c = inputs(2, 3, 4, device="meta", requires_grad=False)
+    outputs = forward_op(x, w, b, h, c)
+    assert [tuple(o.shape) for o in outputs] == [(2, 4), (2, 4), (2, 12)]
+    assert all(o.device.type == "meta" and o.dtype == torch.float32 for o in outputs)
+    grads = backward_op(c, c, c, outputs[2], x, h, w)
+    assert [tuple(g.shape) for g in grads] == [(2, 3), (12, 7), (12,), (2, 4), (2, 4)]
+
+
+def check_gates_take_no_gradient(forward_op) -> None:
+    new_h, new_cell, gates = forward_op(*inputs(2, 3, 4))
+    assert new_h.requires_grad and new_cell.requires_grad and not gates.requires_grad
+
+
+def check_gradient_through_one_output(fn, used: str) -> None:
+    """A loss on one output only: the other's gradient reaches the backward as None."""
+    args = inputs(3, 5, 7, dtype=torch.float64)
+    index = OP.output_names.index(used)
+    grads = torch.autograd.grad(fn(*args)[index].sum(), args)
+    ref_args = tuple(t.detach().requires_grad_() for t in args)
+    expected = torch.autograd.grad(reference.lltm(*ref_args)[index].sum(), ref_args)
+    for name, g, e in zip(ARG_NAMES, grads, expected):
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient of {name}: {m}")
+
+
+def check_double_backward_raises(fn) -> None:
+    import pytest
+
+    args = inputs(2, 3, 4, dtype=torch.float64)
+    new_h, new_cell = fn(*args)
+    grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), args, create_graph=True)
+    with pytest.raises(RuntimeError, match="lltm: double backward is not supported"):
+        torch.autograd.grad(grads[1].sum(), args)
+
+
+def check_backward_op_checks_its_inputs(backward_op) -> None:
+    import pytest
+
+    x, w, _, h, c = inputs(2, 3, 4, requires_grad=False)
+    with pytest.raises(ValueError,
+                       match=r"lltm_backward: `gates` must have size 12 in dimension 1"):
+        backward_op(c, c, c, torch.zeros(2, 11), x, h, w)
+    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype Float"):
+        backward_op(c, c, c, torch.zeros(2, 12), x, h, w.double())
+
+
+def check_not_a_tensor_raises(fn) -> None:
+    import pytest
+
+    x, w, b, h, c = inputs(2, 3, 4, requires_grad=False)
+    with pytest.raises(TypeError, match="`old_h` must be a tensor, got list"):
+        fn(x, w, b, [[0.0] * 4] * 2, c)
