@@ -1,113 +1,98 @@
-"""make demo: build what this machine can build, check each stage, time it against PyTorch.
+"""make demo: build what this machine can build, check each op against its reference, time it.
 
-For every stage: build it (or reuse the build), check its output and gradients against the
-float64 reference, then print the LLTM tutorial's line, `Forward: X us | Backward: Y us`, for
-each LLTM implementation next to plain PyTorch, at batch 16, features 32, state 128 (float32).
+For every op that a stage implements (the stages' stage.toml files say which), at the op's demo
+sizes (its descriptor's demo_case, float32): build and import each stage that provides it, check
+its outputs and input gradients against the float64 reference, then print one line per
+implementation, `Forward: X us | Backward: Y us`, next to the op's baselines (plain PyTorch; for
+the deformable convolution torchvision too), with the speedup over the first baseline.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import torch
 
-import torch  # noqa: E402
-
-from workbook import build, reference, timing  # noqa: E402
-
-BATCH, FEATURES, STATE = 16, 32, 128
-
-# What each LLTM stage is, for the tables.
-TITLES = {
-    2: "02 ATen C++ (setup.py)",
-    3: "03 ATen C++ (JIT)",
-    4: "04 CUDA, raw pointers",
-    5: "05 lltm, fused (torch.library)",
-}
+from workbook import build, ops, stages, timing
+from workbook.opspec import OpSpec, Sample, compare
 
 
-def lltm_inputs(device, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(0)
-    bound = STATE ** -0.5
-
-    def make(*shape, scale=1.0):
-        t = (torch.rand(shape, generator=gen) * 2 - 1) * scale
-        return t.to(device=device, dtype=dtype).requires_grad_()
-
-    return (make(BATCH, FEATURES), make(3 * STATE, FEATURES + STATE, scale=bound),
-            make(3 * STATE, scale=bound), make(BATCH, STATE), make(BATCH, STATE))
-
-
-def max_errors(fn, ref_fn, inputs):
-    """Largest absolute error of the outputs and of the input gradients against float64."""
-    def run(f, xs):
-        outs = f(*xs)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-        grads = torch.autograd.grad(outs, xs, [torch.ones_like(o) for o in outs])
-        return outs, grads
-
-    outs, grads = run(fn, inputs)
-    ref_outs, ref_grads = run(ref_fn, reference.in_float64(*inputs))
-    err_out = max((o.double() - r).abs().max().item() for o, r in zip(outs, ref_outs))
-    err_grad = max((g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads))
-    return err_out, err_grad
+def load(stage: stages.Stage, loaded: dict[str, stages.Stage]) -> tuple[object | None, str]:
+    """The stage's package, or None and why not (skipped here, or its package name is taken)."""
+    try:
+        module = stage.load(quiet=False)
+    except build.StageSkipped as skipped:
+        return None, str(skipped)
+    except build.StageConflict:
+        other = loaded[stage.package]
+        return None, (f"its package `{stage.package}` is {other.label}'s too, and one loads per "
+                      f"process: `make stage {stage.number}` tests it")
+    loaded.setdefault(stage.package, stage)
+    return module, ""
 
 
-def check(label, fn, ref_fn, inputs, tol=1e-4):
-    err_out, err_grad = max_errors(fn, ref_fn, inputs)
-    ok = err_out < tol and err_grad < tol
-    print(f"  {label:<40} max |error| vs float64: output {err_out:.1e}, gradients {err_grad:.1e}"
-          f"  {'OK' if ok else 'MISMATCH'}")
+def check(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
+    result = compare(fn, spec, sample)
+    print(f"  {label:<44} max relative error vs float64: outputs "
+          f"{result.worst('output'):.1e}, gradients {result.worst('gradient'):.1e}  "
+          f"{'OK' if result.ok else 'MISMATCH'}")
+    for failure in result.failures():
+        print(f"      {failure}")
+    return result.ok
+
+
+def time_line(label: str, fn, sample: Sample, base: tuple[float, float] | None) -> tuple[float, float]:
+    call, tensors = sample.bind(fn)
+    fwd, bwd = (t.median_us for t in timing.forward_backward(call, tensors))
+    ratio = f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x)" if base else ""
+    print(f"  {label:<44} Forward: {fwd:9.1f} us | Backward: {bwd:9.1f} us{ratio}")
+    return fwd, bwd
+
+
+def demo_op(name: str, modules: dict[int, object], devices: list[str]) -> bool:
+    spec = ops.get(name)
+    providers = [s for s in stages.providing(name) if s.number in modules]
+    ok = True
+    sizes = ", ".join(f"{k} {v}" for k, v in spec.demo_case.sizes.items())
+    for device in devices:
+        runnable = [s for s in providers if device in s.devices]
+        if not runnable:
+            continue
+        sample = spec.make(spec.demo_case, device=device, dtype=torch.float32)
+        impls = [(f"{s.number:02d} {s.package}.{name}", getattr(modules[s.number], name))
+                 for s in runnable]
+        print(f"\n[demo] {name}, {sizes}, float32, on {timing.describe_machine(device)}")
+        print("  checked against the float64 reference first:")
+        for label, fn in impls:
+            ok &= check(f"{label} ({device})", fn, spec, sample)
+        print("  then timed (forward with autograd recording; backward alone); in brackets the "
+              "speedup over the first line:")
+        base = None
+        for label, fn in [*spec.baseline_functions().items(), *impls]:
+            times = time_line(f"{label} ({device})", fn, sample, base)
+            base = base or times
     return ok
-
-
-def runs_on(s: build.Stage) -> tuple[str, ...]:
-    """Where a stage's kernels run: CUDA-only stages on the GPU, the others on the CPU too."""
-    if s.cuda:
-        return ("cpu", "cuda") if s.cpu_fallback else ("cuda",)
-    return ("cpu",)
 
 
 def main() -> int:
     print("[demo] building and importing the stages (first time: a minute or two each) ...")
-    modules, skipped = {}, {}
-    for s in build.STAGES.values():
-        try:
-            modules[s.number] = build.import_stage(s.number, quiet=False)
-        except build.StageSkipped as reason:
-            skipped[s.number] = str(reason)
-
-    ok = True
-    print("\n[demo] checking every stage against its float64 reference (float32, CPU):")
-    x, y = (torch.randn(BATCH, STATE, requires_grad=True) for _ in range(2))
-    ok &= check("01 z2xy", modules[1].z2xy, reference.z2xy, (x, y))
-
+    modules, not_run, loaded = {}, {}, {}
+    for s in reversed(stages.all_stages()):  # newest first: it wins a package name
+        module, why = load(s, loaded)
+        if module is None:
+            not_run[s.number] = why
+        else:
+            modules[s.number] = module
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    impls = [("plain PyTorch", None, reference.lltm)]
-    for number, module in modules.items():
-        if number >= 2:
-            impls.append((TITLES.get(number, build.stage(number).folder), number, module.lltm))
-    for device in devices:
-        inputs = lltm_inputs(device)
-        runnable = [(label, n, fn) for label, n, fn in impls
-                    if n is None or device in runs_on(build.stage(n))]
-        for label, n, fn in runnable[1:]:
-            ok &= check(f"{label} ({device})", fn, reference.lltm, inputs)
-        print(f"\n[demo] LLTM step, batch {BATCH}, features {FEATURES}, state {STATE}, float32, "
-              f"on {timing.describe_machine(device)}:")
-        base = None
-        for label, n, fn in runnable:
-            fwd, bwd = (t.median_us for t in timing.forward_backward(fn, inputs))
-            base = base or (fwd, bwd)
-            ratio = "" if n is None else f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x vs eager)"
-            print(f"  {label + ' (' + device + ')':<40} Forward: {fwd:8.1f} us | "
-                  f"Backward: {bwd:8.1f} us{ratio}")
-    for number, reason in skipped.items():
-        print(f"\n[demo] stage {number} ({build.stage(number).folder}) not run: {reason}")
+    ok = True
+    for name in dict.fromkeys(op for s in stages.all_stages() for op in s.ops):
+        ok &= demo_op(name, modules, devices)
+    for number, reason in sorted(not_run.items()):
+        print(f"\n[demo] {stages.get(number).label} not run here: {reason}")
     if not torch.cuda.is_available():
-        print("\n[demo] no GPU here: CUDA kernels are built and imported but not timed.")
-    print("\n[demo] all stages match the reference." if ok else "\n[demo] MISMATCH: see above.")
+        print("\n[demo] no GPU here: CUDA kernels are built and imported but not run.")
+    print("\n[demo] every implementation matches its reference." if ok else
+          "\n[demo] MISMATCH: see above.")
     return 0 if ok else 1
 
 

@@ -137,6 +137,18 @@ class Sample:
 
         return self.map(copy)
 
+    def bind(self, fn: Callable) -> tuple[Callable, tuple[torch.Tensor, ...]]:
+        """fn as a function of the differentiable tensors alone, and those tensors: the form
+        gradcheck and the timing harness want (every other argument fixed to the sample's)."""
+        names = [name for name, _ in self.differentiable()]
+        tensors = tuple(t for _, t in self.differentiable())
+
+        def call(*values):
+            by_name = dict(zip(names, values))
+            return self.map(lambda name, t: by_name.get(name, t)).call(fn)
+
+        return call, tensors
+
     def detached(self, requires_grad: bool | Sequence[str] = False) -> Sample:
         """Fresh leaf copies; requires_grad True/False for all floating tensors, or the names of
         those that should require it."""
@@ -242,6 +254,12 @@ class OpSpec:
         default_factory=lambda: dict(DEFAULT_GRADCHECK))
     bad_inputs: Callable[[str], list[BadInput]] = lambda device: []
     layouts: tuple[str, ...] = ("strided", "permuted", "expanded")
+    # What the demo times the op's implementations against: label -> function with the op's
+    # signature. A callable, so an optional baseline (torchvision) is imported only when asked.
+    baselines: Callable[[], Mapping[str, Callable]] | None = None
+
+    def baseline_functions(self) -> Mapping[str, Callable]:
+        return self.baselines() if self.baselines else {"plain PyTorch": self.reference}
 
     def case(self, name: str) -> Case:
         for c in self.cases:

@@ -140,23 +140,11 @@ def check_forward(fn: Callable, spec: OpSpec, sample: Sample) -> None:
             f"output {k} requires grad although no input does")
 
 
-def _substituted(fn: Callable, sample: Sample) -> tuple[Callable, tuple[torch.Tensor, ...]]:
-    """fn as a function of the sample's differentiable tensors alone (what gradcheck wants)."""
-    names = [name for name, _ in sample.differentiable()]
-    tensors = tuple(t for _, t in sample.differentiable())
-
-    def call(*values):
-        by_name = dict(zip(names, values))
-        return sample.map(lambda name, t: by_name.get(name, t)).call(fn)
-
-    return call, tensors
-
-
 def check_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> None:
     """torch.autograd.gradcheck in float64: the analytical gradients against finite differences
     (fast mode, random projections, for cases marked full_gradcheck=False)."""
     assert sample.dtype == torch.float64, "gradcheck needs float64"
-    call, tensors = _substituted(fn, sample)
+    call, tensors = sample.bind(fn)
     assert tensors, "gradcheck needs an input that requires grad"
     assert torch.autograd.gradcheck(call, tensors, **{**spec.gradcheck, **options})
 
@@ -300,3 +288,31 @@ def check_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None:
     for a, b in zip(out, expected):
         assert a.device == torch.device("cuda:1")
         torch.testing.assert_close(a.to("cuda:0"), b)
+
+
+def check_bad_input_compiled(fn: Callable, bad: BadInput, device: str) -> None:
+    """The bad input refused under torch.compile(fullgraph=True) too, while tracing (the fake
+    kernel's checks run on fake tensors). Dynamo wraps what the fake kernel raises in a
+    TorchRuntimeError that quotes its message, so the message is what is checked."""
+    torch._dynamo.reset()
+    sample = bad.make(device)
+    compiled = torch.compile(fn, fullgraph=True)
+    with pytest.raises((bad.error, torch._dynamo.exc.TorchRuntimeError), match=bad.match):
+        sample.call(compiled)
+
+
+def check_same_error_everywhere(fn: Callable, bad: BadInput, devices: Sequence[str]) -> None:
+    """The bad input raises the same exception with the same message on every device: the C++
+    checks of each backend and the fake kernel (meta) word every error alike. Device names, which
+    differ by construction, are masked before comparing."""
+    seen = {}
+    for device in devices:
+        with pytest.raises(bad.error) as caught:
+            bad.make(device).call(fn)
+        text = str(caught.value)
+        for name in devices:
+            text = text.replace(str(torch.device(name)), "<device>").replace(name, "<device>")
+        seen[device] = (type(caught.value).__name__, text.replace("<device>:0", "<device>"))
+    first = devices[0]
+    for device, error in seen.items():
+        assert error == seen[first], f"{first} says {seen[first]}, {device} says {error}"

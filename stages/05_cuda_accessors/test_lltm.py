@@ -62,6 +62,11 @@ def test_bad_input(device, bad):
     testing.check_bad_input(lltm, bad, device)
 
 
+@pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
+def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
+    testing.check_same_error_everywhere(lltm, bad, ["cpu", "meta"])
+
+
 # opcheck on every sample the reference tests use (float64: opcheck's own comparisons are exact
 # enough there), with and without inputs that require grad.
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])

@@ -40,18 +40,19 @@ def inputs(batch: int, features: int, state: int, **kwargs) -> tuple[torch.Tenso
 
 def bad_inputs(device: str) -> list[BadInput]:
     """Inputs every LLTM implementation refuses, with the same message; valid ones are B=2, F=3,
-    S=4 on `device`, with one argument replaced."""
-    other = other_device(device)
+    S=4 on the device make() is given, with one argument replaced."""
 
     def good(**changes):
-        def build(_device):
-            valid = dict(zip(ARG_NAMES, inputs(2, 3, 4, device=device, requires_grad=False)))
-            valid.update({k: v() for k, v in changes.items()})
+        def build(on):
+            valid = dict(zip(ARG_NAMES, inputs(2, 3, 4, device=on, requires_grad=False)))
+            valid.update({k: v(on) for k, v in changes.items()})
             return Sample("bad", tuple(valid[n] for n in ARG_NAMES), arg_names=ARG_NAMES)
         return build
 
-    def t(*shape, dtype=torch.float32, on=device):
-        return lambda: torch.zeros(*shape, dtype=dtype, device=on)
+    def t(*shape, dtype=torch.float32, elsewhere=False):
+        """A tensor maker: on make()'s device, or on another one when `elsewhere`."""
+        return lambda on: torch.zeros(*shape, dtype=dtype,
+                                      device=other_device(on) if elsewhere else on)
 
     return [
         BadInput("int64_input", good(input=t(2, 3, dtype=torch.int64)),
@@ -74,7 +75,7 @@ def bad_inputs(device: str) -> list[BadInput]:
                  ValueError, r"`weights` must have size 12 in dimension 0"),
         BadInput("bias_mismatch", good(bias=t(11)),
                  ValueError, r"`bias` must have size 12 in dimension 0"),
-        BadInput("weights_on_another_device", good(weights=t(12, 7, on=other)),
+        BadInput("weights_on_another_device", good(weights=t(12, 7, elsewhere=True)),
                  RuntimeError, r"`weights` must be on the same device as `input`"),
     ]
 

@@ -20,23 +20,27 @@ def make(case: Case, *, device="cpu", dtype=torch.float32, requires_grad=True, s
 
 
 def bad_inputs(device: str) -> list[BadInput]:
-    def sample(x, y):
-        return Sample("bad", (x, y), arg_names=ARG_NAMES)
+    """Each builds its inputs on the device make() is given (`elsewhere`: on another one)."""
+    def bad(*tensors):
+        def build(on):
+            return Sample("bad", tuple(t(on) if callable(t) else t for t in tensors),
+                          arg_names=ARG_NAMES)
+        return build
 
-    def t(*shape, dtype=torch.float32, on=device):
-        return torch.ones(*shape, dtype=dtype, device=on)
+    def t(*shape, dtype=torch.float32, elsewhere=False):
+        return lambda on: torch.ones(*shape, dtype=dtype,
+                                     device=other_device(on) if elsewhere else on)
 
-    other = other_device(device)
     return [
-        BadInput("int64_x", lambda d: sample(t(3, dtype=torch.int64), t(3)),
+        BadInput("int64_x", bad(t(3, dtype=torch.int64), t(3)),
                  TypeError, r"`x` must be a floating-point tensor, got Long"),
-        BadInput("dtype_mismatch", lambda d: sample(t(3), t(3, dtype=torch.float64)),
+        BadInput("dtype_mismatch", bad(t(3), t(3, dtype=torch.float64)),
                  TypeError, r"`y` must have dtype Float"),
-        BadInput("shape_mismatch", lambda d: sample(t(3, 4), t(4, 3)),
+        BadInput("shape_mismatch", bad(t(3, 4), t(4, 3)),
                  ValueError, r"`y` must have the shape of `x`"),
-        BadInput("device_mismatch", lambda d: sample(t(3), t(3, on=other)),
+        BadInput("device_mismatch", bad(t(3), t(3, elsewhere=True)),
                  RuntimeError, r"`y` must be on the same device as `x`"),
-        BadInput("not_a_tensor", lambda d: sample(t(3), [1.0, 2.0, 3.0]),
+        BadInput("not_a_tensor", bad(t(3), [1.0, 2.0, 3.0]),
                  TypeError, r"`x` and `y` must be tensors"),
     ]
 

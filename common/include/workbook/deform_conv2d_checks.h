@@ -1,0 +1,289 @@
+// workbook/deform_conv2d_checks.h: the input checks of the deformable convolution ops, shared by
+// the CPU kernel (stage 06) and the CUDA kernel (stage 07).
+//
+//   deform_conv2d(input [N, C, H, W], offset [N, 2 G kh kw, Ho, Wo], weight [O, C / groups, kh, kw],
+//                 bias [O]?, stride, padding, dilation, mask [N, G kh kw, Ho, Wo]?)
+//   deform_conv2d_backward(grad_output [N, O, Ho, Wo], input, offset, weight, mask?, stride,
+//                          padding, dilation, output_mask)
+//
+// Both return the op's geometry (sizes, groups, output size) once every check has passed. The
+// geometry is derived in 64-bit integers and each step is checked before it is used, so that no
+// size ever wraps around and nothing is divided or allocated on a bad input:
+//
+//   ValueError: deform_conv2d: `padding` [4611686018427387904, 0] is too large: height +
+//               2 * padding overflows a 64-bit integer (height 5)
+//
+// extops/deform_conv2d.py runs the same checks, in the same order and with the same messages, in
+// the ops' fake kernels, so an input fails alike on CPU tensors, meta tensors and under
+// torch.compile. Change one, change the other: the tests compare the two.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
+
+#include <cctype>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "workbook/checks.h"
+
+namespace workbook::deform_conv2d {
+
+struct Geometry {
+  int64_t batch, in_channels, height, width;
+  int64_t out_channels, groups, offset_groups;
+  int64_t kernel_h, kernel_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  int64_t out_h, out_w;
+
+  // Both products were checked to fit in int64 (with in_channels, as one image's columns).
+  int64_t taps() const { return kernel_h * kernel_w; }
+  int64_t positions() const { return out_h * out_w; }
+  int64_t channels_per_group() const { return in_channels / groups; }
+  int64_t out_channels_per_group() const { return out_channels / groups; }
+  int64_t channels_per_offset_group() const { return in_channels / offset_groups; }
+};
+
+// The dtype as Python prints it ("torch.float32"), so these messages read the same as the fake
+// kernels' f-strings. Types with a legacy C++ name are spelled out; the others' Python names are
+// their C++ names in lower case (Float8_e4m3fn -> float8_e4m3fn, UInt16 -> uint16).
+inline std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return "torch.float64";
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kComplexDouble: return "torch.complex128";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    default: {
+      std::string name = c10::toString(type);
+      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return "torch." + name;
+    }
+  }
+}
+
+namespace detail {
+
+// An allow-list, not isFloatingType: a float8 input must be refused, not computed in float8.
+inline bool supported_dtype(at::ScalarType type) {
+  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+}
+
+inline void check_int_pair(at::IntArrayRef values, const Arg& arg, int64_t minimum,
+                           const char* must_be) {
+  TORCH_CHECK_VALUE(values.size() == 2, describe(arg), " must have 2 values (height, width), got ",
+                    values.size(), ": ", values);
+  TORCH_CHECK_VALUE(values[0] >= minimum && values[1] >= minimum, describe(arg), " must be ",
+                    must_be, ", got ", values);
+}
+
+// Output size along one dimension ("height" or "width"), each step checked before it is taken.
+inline int64_t output_size(const char* op, const char* dim, const char* k_name, int64_t size,
+                           int64_t kernel, at::IntArrayRef padding, at::IntArrayRef dilation,
+                           int64_t index, int64_t stride) {
+  const int64_t pad = padding[index], dil = dilation[index];
+  int64_t twice_pad = 0, padded = 0, span = 0, extent = 0;
+  TORCH_CHECK_VALUE(!c10::mul_overflows<int64_t>(2, pad, &twice_pad) &&
+                        !c10::add_overflows<int64_t>(size, twice_pad, &padded),
+                    op, ": `padding` ", padding, " is too large: ", dim,
+                    " + 2 * padding overflows a 64-bit integer (", dim, " ", size, ")");
+  TORCH_CHECK_VALUE(!c10::mul_overflows<int64_t>(dil, kernel - 1, &span) &&
+                        !c10::add_overflows<int64_t>(span, 1, &extent),
+                    op, ": `dilation` ", dilation, " is too large: dilation * (", k_name,
+                    " - 1) + 1 overflows a 64-bit integer (", k_name, " ", kernel, ")");
+  TORCH_CHECK_VALUE(padded >= extent, op, ": the kernel spans ", extent, " along the ", dim,
+                    " (`dilation` ", dil, " * (", k_name, " - 1) + 1) but the padded `input` has ",
+                    padded, " (", dim, " ", size, " + 2 * `padding` ", pad,
+                    "): no output position");
+  return (padded - extent) / stride + 1;  // stride >= 1 was checked; padded - extent >= 0
+}
+
+// Whether the product of non-negative sizes fits in int64 (a zero anywhere makes it 0).
+inline bool product_fits(std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes) {
+    if (s == 0) return true;
+  }
+  int64_t total = 1;
+  for (int64_t s : sizes) {
+    if (c10::mul_overflows<int64_t>(total, s, &total)) return false;
+  }
+  return true;
+}
+
+// Everything both ops check. `grad_output` is null for the forward; `bias` is the forward's.
+inline Geometry check_common(const char* op, const at::Tensor* grad_output,
+                             const at::Tensor& input, const at::Tensor& offset,
+                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             at::IntArrayRef stride, at::IntArrayRef padding,
+                             at::IntArrayRef dilation, const std::optional<at::Tensor>& mask,
+                             c10::DeviceType device) {
+  const Arg grad_arg{op, "grad_output"}, input_arg{op, "input"}, offset_arg{op, "offset"},
+      weight_arg{op, "weight"}, bias_arg{op, "bias"}, mask_arg{op, "mask"};
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_mask = mask.has_value() && mask->defined();
+
+  // Tensors in the schema's order; the first one sets the dtype and the device.
+  std::vector<NamedTensor> tensors;
+  if (grad_output != nullptr) tensors.emplace_back(*grad_output, grad_arg);
+  tensors.emplace_back(input, input_arg);
+  tensors.emplace_back(offset, offset_arg);
+  tensors.emplace_back(weight, weight_arg);
+  if (has_bias) tensors.emplace_back(*bias, bias_arg);
+  if (has_mask) tensors.emplace_back(*mask, mask_arg);
+  for (const auto& [t, arg] : tensors) check_defined(t, arg);
+
+  const auto& [first, first_arg] = tensors.front();
+  TORCH_CHECK_TYPE(supported_dtype(first.scalar_type()), describe(first_arg),
+                   " must be a float64, float32, float16 or bfloat16 tensor, got ",
+                   dtype_name(first.scalar_type()));
+  for (const auto& [t, arg] : tensors) {
+    TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(), describe(arg), " must have dtype ",
+                     dtype_name(first.scalar_type()), " (the dtype of `", first_arg.name,
+                     "`), got ", dtype_name(t.scalar_type()));
+  }
+  // Devices are compared before the device type, as checks.h does: a tensor left on another
+  // device gets this message whichever kernel (or the fake one) the dispatcher picked.
+  for (const auto& [t, arg] : tensors) check_same_device(t, arg, first, first_arg);
+  check_device_type(first, first_arg, device);
+
+  if (grad_output != nullptr) {
+    check_dim(*grad_output, grad_arg, 4, "(batch, out_channels, out_h, out_w)");
+  }
+  check_dim(input, input_arg, 4, "(batch, in_channels, height, width)");
+  check_dim(offset, offset_arg, 4, "(batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w)");
+  check_dim(weight, weight_arg, 4, "(out_channels, in_channels / groups, kernel_h, kernel_w)");
+  if (has_bias) check_dim(*bias, bias_arg, 1, "(out_channels)");
+  if (has_mask) check_dim(*mask, mask_arg, 4, "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)");
+
+  check_int_pair(stride, Arg{op, "stride"}, 1, "positive");
+  check_int_pair(padding, Arg{op, "padding"}, 0, "non-negative");
+  check_int_pair(dilation, Arg{op, "dilation"}, 1, "positive");
+
+  Geometry g{};
+  g.batch = input.size(0);
+  g.in_channels = input.size(1);
+  g.height = input.size(2);
+  g.width = input.size(3);
+  g.out_channels = weight.size(0);
+  g.kernel_h = weight.size(2);
+  g.kernel_w = weight.size(3);
+  g.stride_h = stride[0];
+  g.stride_w = stride[1];
+  g.pad_h = padding[0];
+  g.pad_w = padding[1];
+  g.dilation_h = dilation[0];
+  g.dilation_w = dilation[1];
+
+  TORCH_CHECK_VALUE(g.in_channels >= 1, describe(input_arg),
+                    " must have at least 1 channel (dimension 1), got sizes ", input.sizes());
+  const int64_t per_group = weight.size(1);
+  TORCH_CHECK_VALUE(per_group >= 1, describe(weight_arg),
+                    " must have at least 1 input channel per group (dimension 1), got sizes ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(g.in_channels % per_group == 0, describe(weight_arg), " has ", per_group,
+                    " input channels per group (dimension 1), which must divide the ",
+                    g.in_channels, " channels of `input`, got sizes ", weight.sizes());
+  g.groups = g.in_channels / per_group;
+  TORCH_CHECK_VALUE(g.out_channels % g.groups == 0, describe(weight_arg),
+                    " must have a multiple of groups = ", g.groups,
+                    " output channels (dimension 0; groups = input channels / weight.size(1)), "
+                    "got sizes ", weight.sizes());
+  TORCH_CHECK_VALUE(g.kernel_h >= 1 && g.kernel_w >= 1, describe(weight_arg),
+                    " must have a kernel of at least 1 x 1 (dimensions 2 and 3), got sizes ",
+                    weight.sizes());
+  // A weight with no output channel holds no element, so its kernel can be any size.
+  TORCH_CHECK_VALUE(product_fits({g.kernel_h, g.kernel_w}), describe(weight_arg),
+                    " must have at most 2^63 - 1 kernel taps (kernel_h * kernel_w), got sizes ",
+                    weight.sizes());
+
+  check_size(offset, offset_arg, 0, g.batch, "batch size of `input`");
+  // offset.size(1) = 2 * G * kh * kw, tested without forming 2 * kh * kw, which could overflow.
+  const int64_t offset_channels = offset.size(1), taps = g.taps();
+  TORCH_CHECK_VALUE(offset_channels > 0 && offset_channels % 2 == 0 &&
+                        (offset_channels / 2) % taps == 0,
+                    describe(offset_arg), " must have a positive multiple of 2 * kernel_h * "
+                    "kernel_w = 2 * ", g.kernel_h, " * ", g.kernel_w, " channels (dimension 1: "
+                    "a (dy, dx) pair per kernel tap and offset group), got sizes ", offset.sizes());
+  g.offset_groups = offset_channels / 2 / taps;
+  TORCH_CHECK_VALUE(g.in_channels % g.offset_groups == 0, describe(offset_arg), " has ",
+                    g.offset_groups, " offset groups (channels / (2 * kernel_h * kernel_w)), "
+                    "which must divide the ", g.in_channels, " channels of `input`, got sizes ",
+                    offset.sizes());
+
+  g.out_h = output_size(op, "height", "kernel_h", g.height, g.kernel_h, padding, dilation, 0,
+                        g.stride_h);
+  g.out_w = output_size(op, "width", "kernel_w", g.width, g.kernel_w, padding, dilation, 1,
+                        g.stride_w);
+  const char* out_h_why = "out_h of the convolution: (height + 2 * padding - dilation * "
+                          "(kernel_h - 1) - 1) / stride + 1";
+  const char* out_w_why = "out_w of the convolution: (width + 2 * padding - dilation * "
+                          "(kernel_w - 1) - 1) / stride + 1";
+  check_size(offset, offset_arg, 2, g.out_h, out_h_why);
+  check_size(offset, offset_arg, 3, g.out_w, out_w_why);
+
+  if (has_mask) {
+    check_size(*mask, mask_arg, 0, g.batch, "batch size of `input`");
+    check_size(*mask, mask_arg, 1, g.offset_groups * taps,
+               "offset_groups * kernel_h * kernel_w, from `offset` and `weight`");
+    check_size(*mask, mask_arg, 2, g.out_h, out_h_why);
+    check_size(*mask, mask_arg, 3, g.out_w, out_w_why);
+  }
+  if (has_bias) check_size(*bias, bias_arg, 0, g.out_channels, "out_channels of `weight`");
+
+  // Offsets and masks exist, so N * Ho * Wo fits; with meta tensors, sizes alone can still make
+  // the output or one image's columns too large to count.
+  TORCH_CHECK_VALUE(product_fits({g.batch, g.out_channels, g.out_h, g.out_w}), op,
+                    ": the output [", g.batch, ", ", g.out_channels, ", ", g.out_h, ", ", g.out_w,
+                    "] would have more than 2^63 - 1 elements");
+  TORCH_CHECK_VALUE(product_fits({g.in_channels, g.kernel_h, g.kernel_w, g.out_h, g.out_w}), op,
+                    ": the sampled columns of one image [", g.in_channels, " * ", g.kernel_h,
+                    " * ", g.kernel_w, ", ", g.out_h, " * ", g.out_w,
+                    "] would have more than 2^63 - 1 elements");
+
+  if (grad_output != nullptr) {
+    const std::vector<int64_t> expected{g.batch, g.out_channels, g.out_h, g.out_w};
+    TORCH_CHECK_VALUE(grad_output->sizes() == at::IntArrayRef(expected), describe(grad_arg),
+                      " must have sizes ", at::IntArrayRef(expected),
+                      " (batch, out_channels, out_h, out_w of the forward), got sizes ",
+                      grad_output->sizes());
+  }
+  return g;
+}
+
+}  // namespace detail
+
+inline Geometry check_forward_inputs(const at::Tensor& input, const at::Tensor& offset,
+                                     const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias,
+                                     at::IntArrayRef stride, at::IntArrayRef padding,
+                                     at::IntArrayRef dilation,
+                                     const std::optional<at::Tensor>& mask,
+                                     c10::DeviceType device) {
+  return detail::check_common("deform_conv2d", nullptr, input, offset, weight, bias, stride,
+                              padding, dilation, mask, device);
+}
+
+// Autograd calls the backward with what the forward saw, so this passes by construction there;
+// it guards direct calls, which are part of the op's public schema.
+inline Geometry check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& input,
+                                      const at::Tensor& offset, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& mask,
+                                      at::IntArrayRef stride, at::IntArrayRef padding,
+                                      at::IntArrayRef dilation, c10::DeviceType device) {
+  return detail::check_common("deform_conv2d_backward", &grad_output, input, offset, weight,
+                              std::nullopt, stride, padding, dilation, mask, device);
+}
+
+}  // namespace workbook::deform_conv2d

@@ -1,0 +1,23 @@
+"""extops: custom PyTorch ops with CPU and CUDA kernels, one library.
+
+    import extops
+
+    cell = extops.LLTM(input_features=32, state_size=128)           # the LLTM cell
+    new_h, new_cell = cell(x, (h, c))
+    out = extops.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask)   # DCNv2
+    layer = extops.DeformConv2d(64, 64, 3, padding=1)               # offsets passed in
+    block = extops.DCNv2(64, 64, 3, padding=1)                      # predicts its own offsets
+
+The ops are torch.ops.extops.* (schemas in csrc/<op>/<op>.cpp): they work under autograd,
+torch.compile(fullgraph=True) and on meta tensors. One Python module per op (extops/lltm.py,
+extops/deform_conv2d.py) holds its fake kernel, autograd formula, functional form and modules.
+Built from the workbook's stage 06; this package needs only torch at run time.
+"""
+
+import torch  # noqa: F401  (loads libtorch, which the extension library links against)
+
+from . import _C  # noqa: F401  (loading it registers every op and its CPU/CUDA kernels)
+from .deform_conv2d import DCNv2, DeformConv2d, deform_conv2d
+from .lltm import LLTM, lltm
+
+__all__ = ["LLTM", "lltm", "DeformConv2d", "DCNv2", "deform_conv2d"]

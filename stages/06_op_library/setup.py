@@ -1,0 +1,64 @@
+"""Build or install stage 06, the `extops` library.
+
+    make stage 6                                           build under build/ and test
+    make install    (pip install --no-build-isolation ./stages/06_op_library)    import extops
+
+The sources are found, not listed: every .cpp under csrc/ goes into the library, and every .cu
+too where a CUDA toolkit is found, so an op is added by adding its folder (csrc/<op>/<op>.cpp for
+the schemas, csrc/<op>/cpu/ and csrc/<op>/cuda/ for the kernels) and its Python module
+(extops/<op>.py). Without a toolkit the library is built CPU-only, and says so.
+
+--no-build-isolation builds against the torch already installed (an isolated build would fetch
+another torch, whose ABI need not match). The workbook's build helpers (common/workbook) are used
+at build time only: the installed package needs torch alone.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+from workbook import build, toolkit
+
+found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+cpp_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp"))
+cuda_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cu"))
+
+# The CPU kernels run on at::parallel_for, which is OpenMP inside torch's headers (without
+# -fopenmp it compiles to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
+cxx_flags = build.cxx_flags() + build.openmp_flags() + build.cpu_simd_flags()
+if found:
+    print(f"building extops with CUDA kernels ({len(cuda_sources)} .cu files): {found}, for "
+          f"TORCH_CUDA_ARCH_LIST={build.cuda_arch_list()}")
+    extension = CUDAExtension(
+        "extops._C",
+        cpp_sources + cuda_sources,
+        include_dirs=build.include_dirs(),
+        extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
+        extra_link_args=build.openmp_flags(),
+    )
+else:
+    print(f"CUDA toolkit not found ({toolkit.reason()}): building extops CPU-only, without "
+          f"{', '.join(cuda_sources)}")
+    extension = CppExtension(
+        "extops._C",
+        cpp_sources,
+        include_dirs=build.include_dirs(),
+        extra_compile_args=cxx_flags,
+        extra_link_args=build.openmp_flags(),
+    )
+
+setup(
+    name="extops",
+    version="0.1.0",
+    description="Custom PyTorch ops with CPU and CUDA kernels: the LLTM cell, deformable "
+    "convolution v2",
+    packages=["extops"],
+    install_requires=["torch"],
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildExtension},
+    options=build.setup_options(__file__),
+)

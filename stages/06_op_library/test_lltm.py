@@ -1,0 +1,172 @@
+"""Stage 06: the LLTM ops in the extops library: stage 05's tests, on torch.ops.extops.lltm_*.
+
+The op moved into a library unchanged in behaviour, so it passes what stage 05's passes: the CPU
+kernels against the float64 reference in all four dtypes, opcheck on every sample, every bad
+input also through the fake kernel, torch.compile against eager, the package alone; on a GPU,
+the CUDA kernels likewise. The deformable convolution's tests are test_deform_conv2d.py.
+"""
+
+import pytest
+import torch
+
+from workbook import ops, stages, testing, toolkit
+from workbook.opspec import Sample
+from workbook.ops import lltm as lltm_op
+
+SPEC = ops.get("lltm")
+STAGE = stages.here(__file__)
+DEVICES = ["cpu", "cuda"]
+
+
+def package():
+    return STAGE.load()
+
+
+def lltm(*args, **kwargs):
+    return package().lltm(*args, **kwargs)
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"]) +
+                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_CASES))
+def test_against_reference(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float32]))
+def test_forward_records_nothing_without_grad(p):
+    testing.check_forward(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64], batch0=False))
+def test_gradcheck(p):
+    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+
+
+@pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
+@pytest.mark.parametrize("device", testing.device_params(DEVICES))
+def test_layouts(device, layout):
+    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33"), device=device), layout)
+
+
+@pytest.mark.parametrize("name", [None, *lltm_op.ARG_NAMES])
+def test_requires_grad_of_one(name):
+    testing.check_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
+                                                             dtype=torch.float64), name)
+
+
+# The same bad inputs on the CPU kernel, on the fake kernel (meta tensors) and on CUDA: the C++
+# checks and the fake kernel's must refuse the same inputs with the same message.
+@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta", "cuda"]))
+def test_bad_input(device, bad):
+    testing.check_bad_input(lltm, bad, device)
+
+
+@pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
+def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
+    testing.check_same_error_everywhere(lltm, bad, ["cpu", "meta"])
+
+
+# opcheck on every sample the reference tests use (float64: opcheck's own comparisons are exact
+# enough there), with and without inputs that require grad.
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+def test_opcheck_forward(p, requires_grad):
+    package()
+    testing.check_opcheck(torch.ops.extops.lltm_forward.default, p.sample(SPEC, requires_grad))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+def test_opcheck_backward(p, requires_grad):
+    package()
+    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.extops.lltm_forward, requires_grad)
+    # With inputs that require grad, test_aot_dispatch_dynamic differentiates through the backward
+    # op, which raises by design (test_double_backward_raises_clearly): the other three run.
+    tests = testing.OPCHECK_TESTS[:3] if requires_grad else testing.OPCHECK_TESTS
+    testing.check_opcheck(torch.ops.extops.lltm_backward.default, sample, tests)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compile_fullgraph_matches_eager(dynamic):
+    torch.manual_seed(0)
+    model = lltm_op.TwoSteps(package().LLTM)
+    inputs = tuple(torch.randn(4, n).requires_grad_() for n in (8, 8, 16, 16))
+    testing.check_compiled(model, Sample("two_steps", inputs), dynamic=dynamic)
+
+
+def test_meta_inputs_run_the_fake_kernels():
+    package()
+    lltm_op.check_fake_kernels(torch.ops.extops.lltm_forward, torch.ops.extops.lltm_backward)
+
+
+# -- the package ----------------------------------------------------------------------------------
+
+
+def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
+    package()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("extops::lltm_forward", "CPU")
+    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("extops::lltm_forward", "CUDA")
+    assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
+
+
+def test_imports_from_anywhere_without_the_workbook(tmp_path):
+    out = testing.check_imports_alone(STAGE, "import torch, extops\n"
+                                      "h, c = extops.LLTM(3, 4)(torch.zeros(2, 3), "
+                                      "(torch.zeros(2, 4), torch.zeros(2, 4)))\n"
+                                      "print(tuple(h.shape), tuple(c.shape))", tmp_path)
+    assert out.split("\n")[-2] == "(2, 4) (2, 4)"
+
+
+def test_module_initialises_uniformly_and_runs():
+    lltm_op.check_module(package().LLTM)
+
+
+def test_not_a_tensor_raises_type_error():
+    lltm_op.check_not_a_tensor_raises(lltm)
+
+
+def test_gates_output_takes_no_gradient():
+    package()
+    lltm_op.check_gates_take_no_gradient(torch.ops.extops.lltm_forward)
+
+
+@pytest.mark.parametrize("used", lltm_op.OP.output_names)
+def test_gradient_through_one_output_only(used):
+    lltm_op.check_gradient_through_one_output(lltm, used)
+
+
+def test_double_backward_raises_clearly():
+    lltm_op.check_double_backward_raises(lltm)
+
+
+def test_backward_op_checks_its_inputs():
+    package()
+    lltm_op.check_backward_op_checks_its_inputs(torch.ops.extops.lltm_backward)
+
+
+# -- with a GPU -----------------------------------------------------------------------------------
+
+
+@testing.requires_cuda
+def test_cuda_matches_cpu():
+    testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029))
+
+
+@testing.requires_cuda
+def test_runs_on_the_current_stream_under_graph_capture():
+    testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
+
+
+@testing.requires_cuda
+def test_compile_reduce_overhead_on_cuda():
+    """mode="reduce-overhead" replays the compiled graph as a CUDA graph."""
+    torch.manual_seed(0)
+    model = lltm_op.TwoSteps(package().LLTM).cuda()
+    inputs = [torch.randn(4, n, device="cuda").requires_grad_() for n in (8, 8, 16, 16)]
+    testing.check_compiled(model, Sample("two_steps", tuple(inputs)), calls=2,
+                           mode="reduce-overhead")
+
+
+@testing.requires_two_gpus
+def test_runs_on_the_inputs_device_not_the_current_one():
+    testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
