@@ -24,9 +24,12 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "common"))
 
-from workbook import build  # noqa: E402
+try:  # the workbook's shared Python: `make` puts common/ on PYTHONPATH, .venv has it installed
+    from workbook import build, stages, toolkit
+except ImportError as error:
+    sys.exit(f"FAIL workbook cannot import the workbook package ({error}): run `make doctor`, "
+             f"which sets PYTHONPATH=common, or `pip install -e common`")
 
 STATUS_ORDER = ("OK", "WARN", "FAIL")
 results: list[tuple[str, str, str, str]] = []  # (status, what, finding, fix)
@@ -50,10 +53,6 @@ def run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess | No
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
-
-
-def major(version: str) -> str:
-    return version.split(".")[0]
 
 
 def interpreter_path() -> str:
@@ -143,36 +142,19 @@ def check_ninja() -> None:
     report("OK", "ninja", f"{version} ({where})")
 
 
-def toolkit_module():
-    """workbook.toolkit (the CUDA toolkit finder), when this checkout has one."""
-    try:
-        from workbook import toolkit
-
-        return toolkit if hasattr(toolkit, "find") else None
-    except ImportError:
-        return None
-
-
-def nvcc_release(nvcc: str) -> str | None:
-    out = run([nvcc, "--version"])
-    match = re.search(r"release (\d+\.\d+)", out.stdout) if out else None
-    return match.group(1) if match else None
-
-
 def check_nvcc(torch) -> None:
     wanted = torch.version.cuda
     nvcc = shutil.which("nvcc")
-    version = nvcc_release(nvcc) if nvcc else None
+    version = toolkit.nvcc_release(nvcc) if nvcc else None
     here = f"nvcc {version} ({nvcc})" if version else ("nvcc on PATH does not run" if nvcc
                                                       else "no nvcc on PATH")
     if wanted is None:
         report("OK", "nvcc", f"{here}; not needed: this torch is CPU-only")
         return
-    if version and major(version) == major(wanted):
+    if version and toolkit.major(version) == toolkit.major(wanted):
         report("OK", "nvcc", f"{here}; major matches torch's CUDA {wanted}")
         return
-    toolkit = toolkit_module()
-    found = toolkit.find() if toolkit else None
+    found = toolkit.find()
     if found is not None:
         report("WARN", "nvcc", f"{here}, torch has CUDA {wanted}; the build helper uses "
                f"{found.nvcc} (CUDA {found.version}) instead",
@@ -181,44 +163,32 @@ def check_nvcc(torch) -> None:
     problem = (f"its major differs from torch's CUDA {wanted}: torch refuses to build with it"
                if version else f"torch has CUDA {wanted}")
     report("WARN", "nvcc", f"{here}; {problem}; the CUDA stages are skipped",
-           f"install a CUDA {major(wanted)}.x toolkit and set CUDA_HOME"
-           + (", or run `python -m workbook.toolkit install`" if toolkit else ""))
-
-
-def cuda_home_problem(home: Path, wanted: str | None) -> str | None:
-    if not (home / "bin" / "nvcc").is_file():
-        return "has no bin/nvcc"
-    if not (home / "include" / "cuda_runtime.h").is_file():
-        return "has no include/cuda_runtime.h"
-    version = nvcc_release(str(home / "bin" / "nvcc"))
-    if wanted and version and major(version) != major(wanted):
-        return f"is CUDA {version}, torch has CUDA {wanted}"
-    return None
+           f"install a CUDA {toolkit.major(wanted)}.x toolkit and set CUDA_HOME, or run "
+           f"`python -m workbook.toolkit install`")
 
 
 def check_cuda_home(torch) -> None:
     wanted = torch.version.cuda
     var = "CUDA_HOME" if os.environ.get("CUDA_HOME") else "CUDA_PATH"
     value = os.environ.get(var)
-    toolkit = toolkit_module()
-    found = toolkit.find() if (toolkit and wanted) else None
+    found = toolkit.find() if wanted else None
     if value:
-        problem = cuda_home_problem(Path(value), wanted)
+        problem = toolkit.check_home(Path(value), wanted)
         if problem is None:
             report("OK", "CUDA_HOME", f"{var}={value}")
         elif wanted is None:
-            report("OK", "CUDA_HOME", f"{var}={value} {problem}; not needed: CPU-only torch")
+            report("OK", "CUDA_HOME", f"{var}={value} ({problem}); not needed: CPU-only torch")
         else:
             fix = (f"export CUDA_HOME={found.home}" if found else
                    "point it at a toolkit folder with bin/nvcc and include/, or unset it")
-            report("WARN" if found else "FAIL", "CUDA_HOME", f"{var}={value} {problem}"
+            report("WARN" if found else "FAIL", "CUDA_HOME", f"{var}={value} ({problem})"
                    + ("; the build helper uses " + str(found.home) if found else ""), fix)
         return
     # Unset: torch guesses from the nvcc on PATH (its parent's parent), else /usr/local/cuda.
     nvcc = shutil.which("nvcc")
     guess = Path(nvcc).parent.parent if nvcc else Path("/usr/local/cuda")
-    guess_problem = cuda_home_problem(guess, wanted) if guess.exists() else "does not exist"
-    torch_guess = f"torch alone would guess {guess}" + (f", which {guess_problem}"
+    guess_problem = toolkit.check_home(guess, wanted) if guess.exists() else "it does not exist"
+    torch_guess = f"torch alone would guess {guess}" + (f" ({guess_problem})"
                                                         if guess_problem else "")
     if wanted is None:
         report("OK", "CUDA_HOME", "unset; not needed: CPU-only torch")
@@ -228,7 +198,7 @@ def check_cuda_home(torch) -> None:
         report("OK", "CUDA_HOME", f"unset; {torch_guess}")
     else:
         report("WARN", "CUDA_HOME", f"unset; {torch_guess}; the CUDA stages are skipped",
-               f"export CUDA_HOME=/path/to/cuda-{major(wanted)}.x (the folder with bin/nvcc)")
+               f"export CUDA_HOME=/path/to/cuda-{toolkit.major(wanted)}.x (the folder with bin/nvcc)")
 
 
 def visible_gpus(torch) -> list[tuple[str, str]]:
@@ -263,7 +233,7 @@ def check_arch_list(torch, gpus) -> None:
         report("OK", "arch list", "not needed: this torch is CPU-only")
         return
     value = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
-    if not value and not any(s.cuda for s in build.STAGES.values()):
+    if not value and not any(s.cuda for s in stages.all_stages()):
         report("OK", "arch list", "TORCH_CUDA_ARCH_LIST unset; not needed: no CUDA stage here")
         return
     if not value:
@@ -324,7 +294,7 @@ def check_built_stages(torch) -> None:
     """The ABI each built stage was compiled with, from the record the build writes."""
     theirs = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     built, wrong = [], []
-    for s in build.STAGES.values():
+    for s in stages.all_stages():
         if s.kind != "setup" or not list((s.lib_dir / s.package).glob("*.so")):
             continue
         record = s.build_dir / "build-flags.txt"

@@ -91,7 +91,7 @@ resolve() {  # $1: target ("" for all)
 import sys
 from pathlib import Path
 
-from workbook import build
+from workbook import build, stages
 
 target = sys.argv[1]
 
@@ -112,7 +112,7 @@ def owner(lib):
     """(stage, build root) of a library under <root>/stages/<folder>/lib/<package>/ or
     <root>/jit/<package>/; (None, None) for any other library."""
     parts = lib.parts
-    for s in build.STAGES.values():
+    for s in stages.all_stages():
         if s.kind == "setup" and parts[-5:-1] == ("stages", s.folder, "lib", s.package):
             return s, Path(*parts[:-5])
         if s.kind == "jit" and parts[-3:-1] == ("jit", s.package):
@@ -137,7 +137,7 @@ elif target:
     for lib in libs:
         emit(s, build.build_root(), lib)
 else:
-    for s in build.STAGES.values():
+    for s in stages.all_stages():
         for lib in libraries(s, build.build_root()):
             emit(s, build.build_root(), lib)
 PY

@@ -10,25 +10,26 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from workbook import stages
+from workbook.notebook import pythonpath_with_common
+
+REPO = stages.REPO
 RUNNER = REPO / "scripts" / "run_notebooks.py"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def runner_env():
     """This process's environment, with common/ on PYTHONPATH as the Makefile sets it."""
-    common = str(REPO / "common")
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([common, *[p for p in paths if p != common]]))
+    return dict(os.environ, PYTHONPATH=pythonpath_with_common())
 
 
-def test_there_is_a_notebook_per_stage():
-    names = [p.name[:2] for p in NOTEBOOKS]
-    assert names == ["01", "02", "03", "04", "05"], [p.name for p in NOTEBOOKS]
+def test_every_notebook_belongs_to_a_stage():
+    numbers = {f"{s.number:02d}" for s in stages.all_stages()}
+    strays = [p.name for p in NOTEBOOKS if p.name[:2] not in numbers]
+    assert not strays, f"notebooks without a stage of their number: {strays}"
 
 
 def test_notebooks_are_committed_without_outputs():

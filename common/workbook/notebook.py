@@ -6,9 +6,10 @@
 * `run(cmd)` runs a command in a subprocess and shows what it printed and how it exited (the ABI
   lesson needs a fresh process: a failed import cannot be retried in the kernel);
 * `has_gpu()` / `no_gpu_reason()` decide whether the CUDA cells run, and say why not;
-* `lltm_inputs(...)`, `errors_vs_reference(...)` and `table(...)` check an op against the float64
-  reference and show the result; `sweep(...)` and `plot_sweep(...)` time several implementations
-  over a range of sizes and plot them.
+* `check_against_reference(fn, "lltm", inputs)` compares an op with its float64 reference (the
+  op's descriptor in workbook.ops, the comparison the tests assert) and shows a table;
+  `sweep(...)` and `plot_sweep(...)` time several implementations over a range of sizes and plot
+  them.
 
 Everything here runs outside Jupyter too (then output is printed instead of displayed).
 """
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from . import reference
-from .testing import TOLERANCES
+from . import ops
+from .opspec import OpSpec, Sample, compare, dtype_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -354,54 +355,6 @@ def describe_device(device: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Inputs, checks against the reference, tables
 
-LLTM_INPUT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
-LLTM_OUTPUT_NAMES = ("new_h", "new_cell")
-
-
-def lltm_inputs(batch: int, features: int, state: int, *, device: str = "cpu",
-                dtype: torch.dtype = torch.float32, requires_grad: bool = True,
-                seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """(input, weights, bias, old_h, old_cell), weights in the module's +-1/sqrt(state) range."""
-    gen = torch.Generator().manual_seed(seed)
-    bound = state ** -0.5
-
-    def make(*shape, scale=1.0):
-        t = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
-        return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
-
-    return (make(batch, features), make(3 * state, features + state, scale=bound),
-            make(3 * state, scale=bound), make(batch, state), make(batch, state))
-
-
-def errors_vs_reference(fn: Callable, ref_fn: Callable, inputs: Sequence[torch.Tensor], *,
-                        output_names: Sequence[str], input_names: Sequence[str],
-                        seed: int = 0) -> list[tuple[str, float, float, bool]]:
-    """Rows (what, max |error|, tolerance, ok) for every output and every input gradient of
-    fn(*inputs), against ref_fn on float64 copies, with the same random output gradients."""
-    dtype = inputs[0].dtype
-    rtol, atol = TOLERANCES[dtype]
-
-    def outputs_and_grads(f, xs, grad_outputs=None):
-        outs = f(*xs)
-        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-        if grad_outputs is None:
-            gen = torch.Generator().manual_seed(seed)
-            grad_outputs = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-        grads = torch.autograd.grad(outs, xs, [g.to(o) for g, o in zip(grad_outputs, outs)])
-        return outs, grads, grad_outputs
-
-    outs, grads, grad_outputs = outputs_and_grads(fn, inputs)
-    ref_outs, ref_grads, _ = outputs_and_grads(ref_fn, reference.in_float64(*inputs), grad_outputs)
-    rows = []
-    for label, got, want in [*zip(output_names, outs, ref_outs),
-                             *(("d " + n, g, r) for n, g, r in zip(input_names, grads, ref_grads))]:
-        want = want.detach().to(got.device)
-        err = (got.detach().double() - want).abs().max().item()
-        tol = atol + rtol * want.abs().max().item()
-        rows.append((label, err, tol, err <= tol))
-    return rows
-
-
 class Table:
     """Rows under headers; a Markdown table in Jupyter, aligned text elsewhere."""
 
@@ -434,17 +387,23 @@ def table(headers: Sequence[str], rows: Iterable[Sequence]) -> None:
     _display(Table(headers, rows))
 
 
-def check_against_reference(fn: Callable, ref_fn: Callable, inputs: Sequence[torch.Tensor], *,
-                            output_names: Sequence[str] = LLTM_OUTPUT_NAMES,
-                            input_names: Sequence[str] = LLTM_INPUT_NAMES) -> None:
-    """Show the table of errors against the float64 reference. Raises when any is outside its
-    tolerance: a notebook must not go on to time a wrong kernel."""
-    rows = errors_vs_reference(fn, ref_fn, inputs, output_names=output_names,
-                               input_names=input_names)
-    table(["compared with float64", "max |error|", "tolerance", ""], rows)
-    bad = [what for what, _, _, ok in rows if not ok]
-    if bad:
-        raise AssertionError(f"outside tolerance against the float64 reference: {', '.join(bad)}")
+def check_against_reference(fn: Callable, op: str | OpSpec,
+                            inputs: Sample | Sequence[torch.Tensor]) -> None:
+    """Show how far fn's outputs and input gradients are from the float64 reference of `op` (a
+    name in workbook.ops, or its OpSpec), with the op's tolerances (workbook.opspec.compare,
+    the comparison the tests assert). Raises when any is outside: a notebook must not go on to
+    time a wrong kernel. `inputs`: a Sample, or the op's positional tensors."""
+    spec = ops.get(op) if isinstance(op, str) else op
+    sample = inputs if isinstance(inputs, Sample) else Sample("inputs", tuple(inputs),
+                                                              arg_names=spec.arg_names)
+    result = compare(fn, spec, sample)
+    rtol, atol = result.tolerance
+    rows = [(d.what, d.max_abs, d.max_rel, d.problem or d.ok) for d in result.differences]
+    table([f"against float64 ({dtype_name(result.dtype)}: rtol {rtol:g}, atol {atol:g})",
+           "max |error|", "of its largest value", ""], rows)
+    if not result.ok:
+        raise AssertionError("outside tolerance against the float64 reference:\n  "
+                             + "\n  ".join(result.failures()))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -73,11 +73,13 @@ def default_prefix() -> Path:
     return REPO / ".venv" / f"cuda-{torch_cuda_version()}"
 
 
-def _major(version: str) -> str:
+def major(version: str) -> str:
+    """The major version of a CUDA release: "13" of "13.0"."""
     return version.split(".")[0]
 
 
-def _nvcc_release(nvcc: Path) -> str | None:
+def nvcc_release(nvcc: Path | str) -> str | None:
+    """The CUDA release an nvcc reports ("13.0"), or None when it does not run."""
     try:
         out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -103,19 +105,20 @@ def _has_cudart(home: Path) -> bool:
     return any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
 
 
-def _check(home: Path, wanted: str) -> str | None:
-    """Why the toolkit at `home` can't build for torch's CUDA `wanted`; None when it can."""
+def check_home(home: Path, wanted: str | None) -> str | None:
+    """Why the toolkit at `home` can't build for torch's CUDA `wanted` (None: any version);
+    None when it can."""
     if not (home / "bin" / "nvcc").is_file():
         return "no bin/nvcc"
     if not (home / "include" / "cuda_runtime.h").is_file():
         return "no include/cuda_runtime.h"
     if not _has_cudart(home):
         return "no lib64/libcudart.so or lib/libcudart.so"
-    release = _nvcc_release(home / "bin" / "nvcc")
+    release = nvcc_release(home / "bin" / "nvcc")
     if release is None:
         return "bin/nvcc does not run"
-    if _major(release) != _major(wanted):
-        return f"nvcc is CUDA {release}, torch needs CUDA {_major(wanted)}.x"
+    if wanted and major(release) != major(wanted):
+        return f"nvcc is CUDA {release}, torch needs CUDA {major(wanted)}.x"
     return None
 
 
@@ -129,7 +132,7 @@ def _candidates(wanted: str) -> list[tuple[str, Path | None]]:
     for path in ("/usr/local/cuda", f"/usr/local/cuda-{wanted}"):
         found.append((path, Path(path) if Path(path).exists() else None))
     prefix = default_prefix()
-    home = prefix / "nvidia" / f"cu{_major(wanted)}"
+    home = prefix / "nvidia" / f"cu{major(wanted)}"
     found.append((f"pip wheels in {_short(prefix)}", home if home.exists() else None))
     return found
 
@@ -152,12 +155,12 @@ def _search() -> tuple[Toolkit | None, str]:
         if home is None:
             tried.append(f"{where}: none")
             continue
-        problem = _check(home, wanted)
+        problem = check_home(home, wanted)
         if problem is None:
-            return Toolkit(home.resolve(), _nvcc_release(home / "bin" / "nvcc"), where), ""
+            return Toolkit(home.resolve(), nvcc_release(home / "bin" / "nvcc"), where), ""
         tried.append(f"{where} ({home}): {problem}")
     return None, (
-        f"no CUDA {_major(wanted)}.x toolkit for torch's CUDA {wanted}; looked at "
+        f"no CUDA {major(wanted)}.x toolkit for torch's CUDA {wanted}; looked at "
         + "; ".join(tried)
         + ". Install one with `python -m workbook.toolkit install` (nvcc and headers from pip)"
     )
@@ -201,7 +204,7 @@ def install(prefix: Path | None = None) -> Toolkit:
     wanted = torch_cuda_version()
     if wanted is None:
         raise RuntimeError(reason())
-    if int(_major(wanted)) < 13:
+    if int(major(wanted)) < 13:
         raise RuntimeError(
             f"torch uses CUDA {wanted}: NVIDIA's wheels before CUDA 13 spread the toolkit over one "
             "folder per package, which nvcc cannot use as one CUDA_HOME; install the CUDA "
@@ -215,7 +218,7 @@ def install(prefix: Path | None = None) -> Toolkit:
          "--upgrade", "--target", str(prefix), requirement],
         check=True,
     )
-    home = prefix / "nvidia" / f"cu{_major(wanted)}"
+    home = prefix / "nvidia" / f"cu{major(wanted)}"
     # The wheel ships libcudart.so.N only; the linker's -lcudart looks for libcudart.so.
     lib = home / "lib"
     versioned = sorted(lib.glob("libcudart.so.*"))

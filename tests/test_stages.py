@@ -1,0 +1,114 @@
+"""Stages are found, not listed: the README, `make help`, `make diff`, the build and the test
+suite all read the stage folders, and a folder copied under a new number is a stage."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbook import stages
+
+REPO = stages.REPO
+README = REPO / "README.md"
+
+
+def test_readme_stage_table_matches_the_stage_folders():
+    table = stages.readme_table()
+    assert table in README.read_text(), (
+        "README.md's stage table does not match the stage folders; it should read:\n\n"
+        f"{table}\n\n(python -m workbook.stages --readme-table prints it)")
+
+
+def test_every_stage_has_tests_a_readme_and_a_notebook():
+    for s in stages.all_stages():
+        assert s.test_files(), f"{s.label} has no test_*.py"
+        assert (s.source_dir / "README.md").is_file(), f"{s.label} has no README.md"
+        assert list((REPO / "notebooks").glob(f"{s.number:02d}_*.ipynb")), (
+            f"{s.label} has no notebook notebooks/{s.number:02d}_*.ipynb")
+
+
+def test_every_op_of_every_stage_has_a_descriptor():
+    from workbook import ops
+
+    for s in stages.all_stages():
+        for name in s.ops:
+            assert ops.get(name).name == name
+
+
+def test_make_help_lists_the_stages_it_finds():
+    out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, BOOTSTRAP_PYTHON=sys.executable), timeout=60)
+    assert out.returncode == 0, out.stderr
+    for s in stages.all_stages():
+        assert s.folder in out.stdout, f"make help does not list {s.folder}:\n{out.stdout}"
+
+
+@pytest.mark.parametrize("stage", [s for s in stages.all_stages() if s.lesson], ids=str)
+def test_make_diff_shows_each_lesson(stage):
+    diff = stages.lesson_diff(stage)
+    for before, after in stage.lesson:
+        assert f"stages/{after}" in diff
+    assert "\n+" in diff and "\n-" in diff
+
+
+def test_a_folder_without_stage_toml_is_an_error(tmp_path):
+    (tmp_path / "07_broken").mkdir()
+    with pytest.raises(stages.StageError, match=r"stage.toml is missing"):
+        stages.discover(tmp_path)
+
+
+def test_two_stages_with_one_number_are_an_error(tmp_path):
+    for name in ("07_one", "07_two"):
+        shutil.copytree(REPO / "stages" / "01_z2xy", tmp_path / name)
+    with pytest.raises(stages.StageError, match=r"two stages are numbered 7"):
+        stages.discover(tmp_path)
+
+
+def test_stage_toml_is_checked(tmp_path):
+    folder = tmp_path / "08_bad"
+    folder.mkdir()
+    (folder / "stage.toml").write_text('title = "x"\npackage = "x"\nops = "x"\nbuild = "setup"\n')
+    with pytest.raises(stages.StageError, match=r"`ops` must be a list"):
+        stages.read(folder)
+
+
+def working_copy(destination: Path) -> Path:
+    """The repository's files (tracked, and untracked ones git does not ignore) copied to
+    `destination`: a checkout to change without touching this one."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination
+
+
+def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
+    """The acceptance check of the template: copy a stage folder under a new number, and the
+    build and the test suite take it up; the README table test fails until its row is added."""
+    copy = working_copy(tmp_path / "repo")
+    shutil.copytree(copy / "stages" / "01_z2xy", copy / "stages" / "42_z2xy_again")
+    env = dict(os.environ, PYTHONPATH=str(copy / "common"),
+               WORKBOOK_BUILD_DIR=str(tmp_path / "build"))
+
+    def run(*args, timeout=900):
+        return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    listed = run("-m", "workbook.stages", "--numbers")
+    assert listed.returncode == 0 and "42" in listed.stdout.split(), listed.stdout + listed.stderr
+    built = run("-m", "workbook.build", "42")
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "build" / "stages" / "42_z2xy_again" / "lib" / "z2xy").is_dir()
+    tested = run("-m", "workbook.suite", "42")
+    assert tested.returncode == 0, tested.stdout[-3000:]
+    assert "stage 42 (42_z2xy_again)" in tested.stdout and " passed" in tested.stdout
+    table = run("-m", "pytest", "-q", "tests/test_stages.py::"
+                "test_readme_stage_table_matches_the_stage_folders")
+    assert table.returncode == 1 and "42_z2xy_again" in table.stdout, table.stdout[-2000:]
