@@ -5,11 +5,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from workbook import stages
+from workbook import stages, testing
 
 REPO = stages.REPO
 README = REPO / "README.md"
@@ -75,24 +74,10 @@ def test_stage_toml_is_checked(tmp_path):
         stages.read(folder)
 
 
-def working_copy(destination: Path) -> Path:
-    """The repository's files (tracked, and untracked ones git does not ignore) copied to
-    `destination`: a checkout to change without touching this one."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for name in filter(None, listed.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            target = destination / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return destination
-
-
 def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
     """The acceptance check of the template: copy a stage folder under a new number, and the
     build and the test suite take it up; the README table test fails until its row is added."""
-    copy = working_copy(tmp_path / "repo")
+    copy = testing.working_copy(tmp_path / "repo")
     shutil.copytree(copy / "stages" / "01_z2xy", copy / "stages" / "42_z2xy_again")
     env = dict(os.environ, PYTHONPATH=str(copy / "common"),
                WORKBOOK_BUILD_DIR=str(tmp_path / "build"))

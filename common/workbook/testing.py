@@ -316,3 +316,23 @@ def check_same_error_everywhere(fn: Callable, bad: BadInput, devices: Sequence[s
     first = devices[0]
     for device, error in seen.items():
         assert error == seen[first], f"{first} says {seen[first]}, {device} says {error}"
+
+
+def working_copy(destination):
+    """The repository's files (tracked, and untracked ones git does not ignore) copied to
+    `destination` (a Path): a checkout to change, build and test without touching this one.
+    Run the workbook there with PYTHONPATH=<copy>/common, so its own common/ is the one used."""
+    import shutil
+    import subprocess
+
+    from .stages import REPO
+
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination

@@ -1,0 +1,42 @@
+"""`make new-stage NAME=...` gives a stage that builds and passes its tests, in a copy of the
+repository (built and tested there, then removed with the temporary folder)."""
+
+import os
+import subprocess
+import sys
+
+from workbook import stages, testing
+
+
+def test_new_stage_builds_and_passes_its_tests(tmp_path):
+    copy = testing.working_copy(tmp_path / "repo")
+    env = dict(os.environ, PYTHONPATH=str(copy / "common"), PYTHON=sys.executable,
+               WORKBOOK_BUILD_DIR=str(tmp_path / "build"))
+    number = max(s.number for s in stages.all_stages()) + 1
+
+    def run(*args, timeout=1200):
+        proc = subprocess.run(list(args), cwd=copy, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        assert proc.returncode == 0, f"$ {' '.join(args)}\n{proc.stdout[-4000:]}{proc.stderr}"
+        return proc.stdout
+
+    made = run("make", "-s", "new-stage", "NAME=scale_add")
+    folder = copy / "stages" / f"{number:02d}_scale_add"
+    assert f"stage {number} ({folder.name}) is ready" in made
+    for part in ("stage.toml", "setup.py", "README.md", "test_scale_add.py", "csrc/scale_add.cpp",
+                 "csrc/cpu/scale_add_cpu.cpp", "csrc/cuda/scale_add_cuda.cu",
+                 "scale_add/__init__.py"):
+        assert (folder / part).is_file(), f"new-stage wrote no {part}"
+    assert (copy / "common" / "workbook" / "ops" / "scale_add.py").is_file()
+
+    run(sys.executable, "-m", "workbook.build", str(number))
+    tested = run(sys.executable, "-m", "workbook.suite", str(number))
+    assert f"ok   stage {number} ({folder.name})" in tested
+    # The README's stage table gained the row, and the notebook stub runs.
+    run(sys.executable, "-m", "pytest", "-q", "tests/test_stages.py::"
+        "test_readme_stage_table_matches_the_stage_folders")
+    run(sys.executable, "scripts/run_notebooks.py", f"{number:02d}_scale_add")
+    # A second stage of the same name is refused, saying why.
+    again = subprocess.run(["make", "-s", "new-stage", "NAME=scale_add"], cwd=copy, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "exists already" in again.stderr
