@@ -41,7 +41,8 @@ def check(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
     return result.ok
 
 
-def time_line(label: str, fn, sample: Sample, base: tuple[float, float] | None) -> tuple[float, float]:
+def time_line(label: str, fn, sample: Sample,
+              base: tuple[float, float] | None) -> tuple[float, float]:
     call, tensors = sample.bind(fn)
     fwd, bwd = (t.median_us for t in timing.forward_backward(call, tensors))
     ratio = f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x)" if base else ""

@@ -66,7 +66,7 @@ def interpreter_path() -> str:
 
 def check_python() -> None:
     version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036  (this checks the interpreter it runs on)
         report("FAIL", "python", f"{version} ({sys.executable})", "use Python 3.11 or newer")
     else:
         report("OK", "python", f"{version} ({sys.executable})")
@@ -94,7 +94,8 @@ def check_abi(torch) -> None:
         report("FAIL", "abi", str(error), "unset WORKBOOK_CXX11_ABI")
         return
     if ours != theirs:
-        report("FAIL", "abi", f"WORKBOOK_CXX11_ABI={forced} forces -D_GLIBCXX_USE_CXX11_ABI={ours}, "
+        report("FAIL", "abi", f"WORKBOOK_CXX11_ABI={forced} forces "
+               f"-D_GLIBCXX_USE_CXX11_ABI={ours}, "
                f"torch uses {theirs}: extensions built now fail to import (undefined symbol)",
                "unset WORKBOOK_CXX11_ABI; repair a stage built so with scripts/fix_abi.sh N")
     else:
@@ -113,7 +114,8 @@ def check_compiler(torch) -> None:
     name = out.stdout.splitlines()[0].strip() if out and out.stdout else "version unknown"
     # The C++ standard torch's headers need: C++20 since torch 2.10, C++17 before.
     std = "c++20"
-    if torch is not None and tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) < (2, 10):
+    version = tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) if torch else ()
+    if torch is not None and version < (2, 10):
         std = "c++17"
     try:
         probe = subprocess.run([cxx, f"-std={std}", "-x", "c++", "-fsyntax-only", "-"],
@@ -198,7 +200,8 @@ def check_cuda_home(torch) -> None:
         report("OK", "CUDA_HOME", f"unset; {torch_guess}")
     else:
         report("WARN", "CUDA_HOME", f"unset; {torch_guess}; the CUDA stages are skipped",
-               f"export CUDA_HOME=/path/to/cuda-{toolkit.major(wanted)}.x (the folder with bin/nvcc)")
+               f"export CUDA_HOME=/path/to/cuda-{toolkit.major(wanted)}.x "
+               f"(the folder with bin/nvcc)")
 
 
 def visible_gpus(torch) -> list[tuple[str, str]]:
@@ -207,7 +210,8 @@ def visible_gpus(torch) -> list[tuple[str, str]]:
         warnings.simplefilter("ignore")
         if not torch.cuda.is_available():
             return []
-        return [(torch.cuda.get_device_name(i), "{}.{}".format(*torch.cuda.get_device_capability(i)))
+        return [(torch.cuda.get_device_name(i),
+                 "{}.{}".format(*torch.cuda.get_device_capability(i)))
                 for i in range(torch.cuda.device_count())]
 
 
@@ -259,12 +263,13 @@ def check_arch_list(torch, gpus) -> None:
     # Does nvcc compile for each? (CUDA 13 dropped everything before 7.5, for instance.)
     nvcc = shutil.which("nvcc")
     out = run([nvcc, "--list-gpu-arch"]) if nvcc else None
-    supported = set(re.findall(r"compute_(\d+)", out.stdout)) if out and out.returncode == 0 else set()
+    listed = out.stdout if out and out.returncode == 0 else ""
+    supported = set(re.findall(r"compute_(\d+)", listed))
     unsupported = [e for e in numeric
                    if supported and "{}{}".format(*ARCH.match(e).groups()[:2]) not in supported]
     if unsupported:
         report("FAIL", "arch list", f"TORCH_CUDA_ARCH_LIST={value!r}: nvcc "
-               f"{nvcc_release(nvcc)} cannot compile for {', '.join(unsupported)}",
+               f"{toolkit.nvcc_release(nvcc)} cannot compile for {', '.join(unsupported)}",
                "drop those entries (nvcc --list-gpu-arch lists what it supports)")
         return
     report("OK", "arch list", f"TORCH_CUDA_ARCH_LIST={value!r}")
@@ -310,7 +315,8 @@ def check_built_stages(torch) -> None:
                f"other ABI than torch ({theirs}) and will not import",
                f"scripts/fix_abi.sh {wrong[0]}  (make fix-abi STAGE={wrong[0]})")
     else:
-        unknown = " (ABI ?: built before builds recorded their flags)" if any("?" in b for b in built) else ""
+        unknown = (" (ABI ?: built before builds recorded their flags)"
+                   if any("?" in b for b in built) else "")
         report("OK", "stages", f"built: {', '.join(built)}{unknown}")
 
 

@@ -48,7 +48,7 @@ def test_make_help_lists_the_stages_it_finds():
 @pytest.mark.parametrize("stage", [s for s in stages.all_stages() if s.lesson], ids=str)
 def test_make_diff_shows_each_lesson(stage):
     diff = stages.lesson_diff(stage)
-    for before, after in stage.lesson:
+    for _, after in stage.lesson:
         assert f"stages/{after}" in diff
     assert "\n+" in diff and "\n-" in diff
 

@@ -84,7 +84,8 @@ class Excerpt:
 
 
 def _code_only(line: str) -> str:
-    """A C++ line with string/char literals blanked and any // comment cut off (for brace counts)."""
+    """A C++ line with string and char literals blanked and any // comment cut off (for counting
+    braces)."""
     line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
     line = re.sub(r"'(\\.|[^'\\])*'", "''", line)
     return line.split("//", 1)[0]
@@ -301,7 +302,7 @@ def no_gpu_reason() -> str:
 
 
 def skip_without_gpu(what: str) -> bool:
-    """True when a GPU is here; otherwise print that `what` is skipped, and why, and return False."""
+    """True when a GPU is here; else print that `what` is skipped, and why, and return False."""
     if has_gpu():
         return True
     print(f"[skipped] {what}: {no_gpu_reason()}.")
@@ -378,7 +379,8 @@ class Table:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        widths = [max(len(r[i]) for r in [self.headers, *self.rows]) for i in range(len(self.headers))]
+        rows = [self.headers, *self.rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.headers))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         return "\n".join(fmt.format(*r) for r in [self.headers, *self.rows])
 
@@ -457,7 +459,7 @@ def sweep_table(results: Mapping[str, Mapping[str, list]], sizes: Sequence[int],
 
 def plot_sweep(results: Mapping[str, Mapping[str, list]], sizes: Sequence[int], *,
                xlabel: str, title: str, logx: bool = True):
-    """Forward and backward medians against size, one line per implementation; returns the figure."""
+    """Forward and backward medians against size, a line per implementation; returns the figure."""
     import matplotlib.pyplot as plt
 
     phases = [p for p in ("forward", "backward")

@@ -219,7 +219,8 @@ def check_imports_alone(stage, snippet: str, cwd) -> str:
 
     stage.load()
     env = dict(os.environ, PYTHONPATH=str(stage.lib_dir))
-    check = f"import sys\n{snippet}\nassert 'workbook' not in sys.modules, 'imported the workbook'\n"
+    check = (f"import sys\n{snippet}\n"
+             f"assert 'workbook' not in sys.modules, 'imported the workbook'\n")
     result = subprocess.run([sys.executable, "-c", check], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr

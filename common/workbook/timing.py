@@ -36,7 +36,7 @@ class Timing:
 def measure(
     fn: Callable[[], object], *, min_run_time: float = 0.3, num_threads: int | None = None
 ) -> Timing:
-    """Time fn() with torch.utils.benchmark's blocked_autorange; num_threads None: all of torch's."""
+    """Time fn() with torch.utils.benchmark's blocked_autorange; num_threads None: torch's own."""
     threads = torch.get_num_threads() if num_threads is None else num_threads
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     m = timer.blocked_autorange(min_run_time=min_run_time)
@@ -65,7 +65,8 @@ def forward_backward(
     forward = measure(lambda: fn(*inputs), min_run_time=min_run_time, num_threads=num_threads)
     outputs = fn(*inputs)
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    grads = list(grad_outputs) if grad_outputs is not None else [torch.ones_like(o) for o in outputs]
+    grads = (list(grad_outputs) if grad_outputs is not None
+             else [torch.ones_like(o) for o in outputs])
     wanted = [t for t in inputs if t.requires_grad]
 
     def backward():

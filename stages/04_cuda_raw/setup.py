@@ -5,6 +5,8 @@ toolkit and sets CUDA_HOME before torch.utils.cpp_extension is imported, and com
 visible GPUs or, with none, for sm_90. The build goes under the repository's build/ folder.
 """
 
+import sys
+
 from setuptools import setup
 
 from workbook import build, toolkit

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from workbook import ops, stages, testing, toolkit
-from workbook.opspec import Sample
 from workbook.ops import lltm as lltm_op
+from workbook.opspec import Sample
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from workbook import ops, reference, stages, testing
-from workbook.opspec import Case, OpSpec, Sample, compare
 from workbook.ops import deform_conv2d as deform_op
+from workbook.opspec import Case, OpSpec, Sample, compare
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)

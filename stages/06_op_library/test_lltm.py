@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from workbook import ops, stages, testing, toolkit
-from workbook.opspec import Sample
 from workbook.ops import lltm as lltm_op
+from workbook.opspec import Sample
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
@@ -105,7 +105,8 @@ def test_meta_inputs_run_the_fake_kernels():
 def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
     package()
     assert torch._C._dispatch_has_kernel_for_dispatch_key("extops::lltm_forward", "CPU")
-    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("extops::lltm_forward", "CUDA")
+    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("extops::lltm_forward",
+                                                                      "CUDA")
     assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
 
 

@@ -28,12 +28,11 @@ struct Arg {
   const char* name;
 };
 
-inline std::string describe(const Arg& arg) {
-  return std::string(arg.op) + ": `" + arg.name + "`";
-}
+inline std::string describe(const Arg& arg) { return std::string(arg.op) + ": `" + arg.name + "`"; }
 
 inline void check_defined(const at::Tensor& t, const Arg& arg) {
-  TORCH_CHECK_VALUE(t.defined(), describe(arg), " must be a tensor, got an undefined tensor (None)");
+  TORCH_CHECK_VALUE(t.defined(), describe(arg),
+                    " must be a tensor, got an undefined tensor (None)");
 }
 
 inline void check_floating(const at::Tensor& t, const Arg& arg) {

@@ -25,7 +25,10 @@ inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weig
   constexpr const char* op = "lltm";
   const Arg input_arg{op, "input"}, weights_arg{op, "weights"}, bias_arg{op, "bias"},
       h_arg{op, "old_h"}, c_arg{op, "old_cell"};
-  check_inputs({{input, input_arg}, {weights, weights_arg}, {bias, bias_arg}, {old_h, h_arg},
+  check_inputs({{input, input_arg},
+                {weights, weights_arg},
+                {bias, bias_arg},
+                {old_h, h_arg},
                 {old_cell, c_arg}},
                device, layout);
   check_dim(input, input_arg, 2, "(batch, features)");
@@ -54,8 +57,13 @@ inline void check_backward_inputs(const at::Tensor& grad_h, const at::Tensor& gr
   const Arg grad_h_arg{op, "grad_h"}, grad_cell_arg{op, "grad_cell"}, cell_arg{op, "new_cell"},
       gates_arg{op, "gates"}, input_arg{op, "input"}, h_arg{op, "old_h"},
       weights_arg{op, "weights"};
-  check_inputs({{grad_h, grad_h_arg}, {grad_cell, grad_cell_arg}, {new_cell, cell_arg},
-                {gates, gates_arg}, {input, input_arg}, {old_h, h_arg}, {weights, weights_arg}},
+  check_inputs({{grad_h, grad_h_arg},
+                {grad_cell, grad_cell_arg},
+                {new_cell, cell_arg},
+                {gates, gates_arg},
+                {input, input_arg},
+                {old_h, h_arg},
+                {weights, weights_arg}},
                device, layout);
   check_dim(new_cell, cell_arg, 2, "(batch, state)");
   check_dim(gates, gates_arg, 2, "(batch, 3 * state)");

@@ -116,9 +116,11 @@ def bad_inputs(device: str) -> list[BadInput]:
                  op + r"`offset` must have dtype"),
         BadInput("int64_bias", good(bias=t(2, dtype=torch.int64)), TypeError,
                  op + r"`bias` must have dtype"),
-        BadInput("offset_on_another_device", good(offset=t(2, 36, 2, 3, elsewhere=True)), RuntimeError,
+        BadInput("offset_on_another_device", good(offset=t(2, 36, 2, 3, elsewhere=True)),
+                 RuntimeError,
                  op + r"`offset` must be on the same device as `input`"),
-        BadInput("mask_on_another_device", good(mask=t(2, 18, 2, 3, elsewhere=True)), RuntimeError,
+        BadInput("mask_on_another_device", good(mask=t(2, 18, 2, 3, elsewhere=True)),
+                 RuntimeError,
                  op + r"`mask` must be on the same device as `input`"),
         # dimensions
         BadInput("input_3d", good(input=t(6, 5, 4)), ValueError,
@@ -127,7 +129,8 @@ def bad_inputs(device: str) -> list[BadInput]:
                  op + r"`offset` must have 4 dimensions"),
         BadInput("weight_5d", good(weight=t(2, 3, 3, 2, 1)), ValueError,
                  op + r"`weight` must have 4 dimensions"),
-        BadInput("mask_3d", good(mask=t(18, 2, 3)), ValueError, op + r"`mask` must have 4 dimensions"),
+        BadInput("mask_3d", good(mask=t(18, 2, 3)), ValueError,
+                 op + r"`mask` must have 4 dimensions"),
         BadInput("bias_2d", good(bias=t(2, 1)), ValueError, op + r"`bias` must have 1 dimension"),
         # channels and groups
         BadInput("zero_input_channels", good(input=t(2, 0, 5, 4)), ValueError,

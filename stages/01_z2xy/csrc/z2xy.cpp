@@ -47,6 +47,5 @@ std::vector<at::Tensor> z2xy_backward(const at::Tensor& grad_z) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "z = 2x + y: forward and backward in ATen C++";
   m.def("forward", &z2xy_forward, "z = 2x + y", py::arg("x"), py::arg("y"));
-  m.def("backward", &z2xy_backward, "gradients of z = 2x + y: [grad_x, grad_y]",
-        py::arg("grad_z"));
+  m.def("backward", &z2xy_backward, "gradients of z = 2x + y: [grad_x, grad_y]", py::arg("grad_z"));
 }

@@ -33,9 +33,7 @@ at::Tensor d_sigmoid(const at::Tensor& z) {
   return (1 - s) * s;
 }
 
-at::Tensor d_tanh(const at::Tensor& z) {
-  return 1 - z.tanh().pow(2);
-}
+at::Tensor d_tanh(const at::Tensor& z) { return 1 - z.tanh().pow(2); }
 
 at::Tensor d_elu(const at::Tensor& z, double alpha = 1.0) {
   const auto e = z.exp();
@@ -45,8 +43,7 @@ at::Tensor d_elu(const at::Tensor& z, double alpha = 1.0) {
 std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights,
                                      const at::Tensor& bias, const at::Tensor& old_h,
                                      const at::Tensor& old_cell) {
-  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
-                                       c10::DeviceType::CPU);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CPU);
 
   const auto X = at::cat({old_h, input}, /*dim=*/1);
   const auto gates = at::addmm(bias, X, weights.t());  // b + X W^T, one GEMM
@@ -83,10 +80,10 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   const auto d_candidate_cell = d_new_cell * input_gate;
 
   // Back through the nonlinearities to the pre-activation gates G.
-  const auto d_gates = at::cat({d_input_gate * d_sigmoid(chunks[0]),
-                                d_output_gate * d_sigmoid(chunks[1]),
-                                d_candidate_cell * d_elu(chunks[2])},
-                               /*dim=*/1);
+  const auto d_gates =
+      at::cat({d_input_gate * d_sigmoid(chunks[0]), d_output_gate * d_sigmoid(chunks[1]),
+               d_candidate_cell * d_elu(chunks[2])},
+              /*dim=*/1);
 
   // And through G = X W^T + b.
   const auto X = at::cat({old_h, input}, /*dim=*/1);

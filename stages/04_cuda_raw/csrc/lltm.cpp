@@ -32,8 +32,8 @@ namespace {
 std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights,
                                      const at::Tensor& bias, const at::Tensor& old_h,
                                      const at::Tensor& old_cell) {
-  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
-                                       c10::DeviceType::CUDA, workbook::Layout::kContiguous);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CUDA,
+                                       workbook::Layout::kContiguous);
   return lltm_cuda_forward(input, weights, bias, old_h, old_cell);
 }
 

@@ -100,11 +100,11 @@ __global__ void lltm_backward_kernel(const scalar_t* __restrict__ grad_h,
   const opmath_t d_cell = static_cast<opmath_t>(grad_cell[n]) +
                           dh * workbook::sigmoid(g_output) * workbook::d_tanh(cell);
   d_old_cell[n] = static_cast<scalar_t>(d_cell);
-  d_row[s] = static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) *
-                                   workbook::d_sigmoid(g_input));
+  d_row[s] =
+      static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) * workbook::d_sigmoid(g_input));
   d_row[state + s] = static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
-  d_row[2 * state + s] = static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) *
-                                               workbook::d_elu(g_candidate));
+  d_row[2 * state + s] =
+      static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) * workbook::d_elu(g_candidate));
 }
 
 // Enough blocks of kThreads for numel elements; CUDA allows up to 2^31 - 1 blocks in x.
@@ -136,13 +136,14 @@ std::vector<at::Tensor> lltm_cuda_forward(const at::Tensor& input, const at::Ten
   if (numel == 0) return {new_h, new_cell, gates};
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(),
-                                  "lltm_forward_cuda", [&] {
-    lltm_forward_kernel<scalar_t><<<blocks_for(numel), kThreads, 0, stream>>>(
-        gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
-        new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(), state, numel);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_forward_cuda", [&] {
+        lltm_forward_kernel<scalar_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+            gates.const_data_ptr<scalar_t>(), old_cell.const_data_ptr<scalar_t>(),
+            new_h.mutable_data_ptr<scalar_t>(), new_cell.mutable_data_ptr<scalar_t>(), state,
+            numel);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
   return {new_h, new_cell, gates};
 }
 
@@ -157,15 +158,15 @@ std::vector<at::Tensor> lltm_cuda_backward(const at::Tensor& grad_h, const at::T
 
   if (numel > 0) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(),
-                                    "lltm_backward_cuda", [&] {
-      lltm_backward_kernel<scalar_t><<<blocks_for(numel), kThreads, 0, stream>>>(
-          grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
-          new_cell.const_data_ptr<scalar_t>(), gates.const_data_ptr<scalar_t>(),
-          d_gates.mutable_data_ptr<scalar_t>(), d_old_cell.mutable_data_ptr<scalar_t>(), state,
-          numel);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_backward_cuda", [&] {
+          lltm_backward_kernel<scalar_t><<<blocks_for(numel), kThreads, 0, stream>>>(
+              grad_h.const_data_ptr<scalar_t>(), grad_cell.const_data_ptr<scalar_t>(),
+              new_cell.const_data_ptr<scalar_t>(), gates.const_data_ptr<scalar_t>(),
+              d_gates.mutable_data_ptr<scalar_t>(), d_old_cell.mutable_data_ptr<scalar_t>(), state,
+              numel);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
   }
 
   // Back through G = X W^T + b: two more GEMMs and a column sum, in ATen.

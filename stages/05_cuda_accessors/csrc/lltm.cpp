@@ -43,7 +43,7 @@ TORCH_LIBRARY(lltm, m) {
 
 PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C",
-                               "Loads the lltm library: torch.ops.lltm.forward and .backward",
-                               -1, nullptr};
+                               "Loads the lltm library: torch.ops.lltm.forward and .backward", -1,
+                               nullptr};
   return PyModule_Create(&module);
 }

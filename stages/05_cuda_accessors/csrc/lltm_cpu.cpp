@@ -169,12 +169,11 @@ void lltm_backward_kernel(const scalar_t* grad_h, const scalar_t* grad_cell,
       const opmath_t d_cell = static_cast<opmath_t>(dc_in[s]) +
                               dh * workbook::sigmoid(g_output) * workbook::d_tanh(cell);
       dc_out[s] = static_cast<scalar_t>(d_cell);
-      d_g[s] = static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) *
-                                     workbook::d_sigmoid(g_input));
-      d_g[state + s] =
-          static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
-      d_g[2 * state + s] = static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) *
-                                                 workbook::d_elu(g_candidate));
+      d_g[s] =
+          static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) * workbook::d_sigmoid(g_input));
+      d_g[state + s] = static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
+      d_g[2 * state + s] =
+          static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) * workbook::d_elu(g_candidate));
     }
   });
 }
@@ -187,8 +186,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_cpu(const at::Tensor
                                                                 const at::Tensor& bias,
                                                                 const at::Tensor& old_h,
                                                                 const at::Tensor& old_cell) {
-  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell,
-                                       c10::DeviceType::CPU);
+  workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CPU);
   const int64_t batch = old_h.size(0), state = old_h.size(1);
 
   const auto X = at::cat({old_h, input}, /*dim=*/1);
@@ -197,12 +195,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_cpu(const at::Tensor
   auto new_h = at::empty({batch, state}, cell.options());
   auto new_cell = at::empty({batch, state}, cell.options());
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(),
-                                  "lltm_forward_cpu", [&] {
-    lltm_forward_kernel<scalar_t>(gates.const_data_ptr<scalar_t>(), cell.const_data_ptr<scalar_t>(),
-                                  new_h.mutable_data_ptr<scalar_t>(),
-                                  new_cell.mutable_data_ptr<scalar_t>(), batch, state);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_forward_cpu", [&] {
+        lltm_forward_kernel<scalar_t>(gates.const_data_ptr<scalar_t>(),
+                                      cell.const_data_ptr<scalar_t>(),
+                                      new_h.mutable_data_ptr<scalar_t>(),
+                                      new_cell.mutable_data_ptr<scalar_t>(), batch, state);
+      });
   return {new_h, new_cell, gates};
 }
 
@@ -218,14 +217,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   auto d_gates = at::empty({batch, 3 * state}, gates.options());
   auto d_old_cell = at::empty({batch, state}, gates.options());
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(),
-                                  "lltm_backward_cpu", [&] {
-    lltm_backward_kernel<scalar_t>(
-        grad_h_.const_data_ptr<scalar_t>(), grad_cell_.const_data_ptr<scalar_t>(),
-        new_cell_.const_data_ptr<scalar_t>(), gates_.const_data_ptr<scalar_t>(),
-        d_gates.mutable_data_ptr<scalar_t>(), d_old_cell.mutable_data_ptr<scalar_t>(), batch,
-        state);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_backward_cpu", [&] {
+        lltm_backward_kernel<scalar_t>(
+            grad_h_.const_data_ptr<scalar_t>(), grad_cell_.const_data_ptr<scalar_t>(),
+            new_cell_.const_data_ptr<scalar_t>(), gates_.const_data_ptr<scalar_t>(),
+            d_gates.mutable_data_ptr<scalar_t>(), d_old_cell.mutable_data_ptr<scalar_t>(), batch,
+            state);
+      });
 
   // Back through G = X W^T + b: one GEMM for d_X = [d_old_h, d_input] against the dense W, then
   // each half copied out, since an op's outputs must not alias one another. Against two GEMMs on
@@ -234,8 +233,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   const auto d_X = d_gates.mm(weights);
   // clone, not contiguous(): with batch 1 a slice is already contiguous and would stay a view.
   return {d_X.slice(/*dim=*/1, state).clone(at::MemoryFormat::Contiguous), d_gates.t().mm(X),
-          d_gates.sum(/*dim=*/0), d_X.slice(/*dim=*/1, 0, state).clone(at::MemoryFormat::Contiguous),
-          d_old_cell};
+          d_gates.sum(/*dim=*/0),
+          d_X.slice(/*dim=*/1, 0, state).clone(at::MemoryFormat::Contiguous), d_old_cell};
 }
 
 }  // namespace

@@ -3,9 +3,10 @@
 //
 // Run card
 //   build + test:  make stage 6            (compiles on any machine with nvcc; runs on a GPU)
-//   install:       make install            (pip install --no-build-isolation ./stages/06_op_library)
-//   v1 (stage 04): raw pointers, flat 64-bit index, one thread per (batch, state) element
-//   v2 (stage 05): packed accessors ([b][s] indexing, 32-bit index math when it fits, 64-bit
+//   install:       make install            (pip install --no-build-isolation
+//   ./stages/06_op_library) v1 (stage 04): raw pointers, flat 64-bit index, one thread per (batch,
+//   state) element v2 (stage 05): packed accessors ([b][s] indexing, 32-bit index math when it
+//   fits, 64-bit
 //                  when it does not), a 2-D grid (state across x, batch across y)
 //
 // What accessors add over raw pointers: the kernel reads gates[b][s] instead of computing
@@ -29,8 +30,8 @@
 #include <limits>
 #include <tuple>
 
-#include "workbook/lltm_checks.h"
 #include "workbook/host_device.h"
+#include "workbook/lltm_checks.h"
 #include "workbook/lltm_math.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -106,12 +107,12 @@ __global__ void lltm_backward_kernel(Matrix<scalar_t, index_t> grad_h,
     const opmath_t d_cell = static_cast<opmath_t>(grad_cell[b][s]) +
                             dh * workbook::sigmoid(g_output) * workbook::d_tanh(cell);
     d_old_cell[b][s] = static_cast<scalar_t>(d_cell);
-    d_gates[b][s] = static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) *
-                                          workbook::d_sigmoid(g_input));
+    d_gates[b][s] =
+        static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) * workbook::d_sigmoid(g_input));
     d_gates[b][state + s] =
         static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
-    d_gates[b][2 * state + s] = static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) *
-                                                      workbook::d_elu(g_candidate));
+    d_gates[b][2 * state + s] =
+        static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) * workbook::d_elu(g_candidate));
   }
 }
 
@@ -139,11 +140,10 @@ dim3 grid_for(int64_t batch, int64_t state) {
 template <typename scalar_t, typename index_t>
 void launch_forward(const at::Tensor& gates, const at::Tensor& old_cell, at::Tensor& new_h,
                     at::Tensor& new_cell) {
-  lltm_forward_kernel<scalar_t, index_t>
-      <<<grid_for(old_cell.size(0), old_cell.size(1)), kThreads, 0,
-         c10::cuda::getCurrentCUDAStream()>>>(
-          matrix<scalar_t, index_t>(gates), matrix<scalar_t, index_t>(old_cell),
-          matrix<scalar_t, index_t>(new_h), matrix<scalar_t, index_t>(new_cell));
+  lltm_forward_kernel<scalar_t, index_t><<<grid_for(old_cell.size(0), old_cell.size(1)), kThreads,
+                                           0, c10::cuda::getCurrentCUDAStream()>>>(
+      matrix<scalar_t, index_t>(gates), matrix<scalar_t, index_t>(old_cell),
+      matrix<scalar_t, index_t>(new_h), matrix<scalar_t, index_t>(new_cell));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -151,12 +151,11 @@ template <typename scalar_t, typename index_t>
 void launch_backward(const at::Tensor& grad_h, const at::Tensor& grad_cell,
                      const at::Tensor& new_cell, const at::Tensor& gates, at::Tensor& d_gates,
                      at::Tensor& d_old_cell) {
-  lltm_backward_kernel<scalar_t, index_t>
-      <<<grid_for(new_cell.size(0), new_cell.size(1)), kThreads, 0,
-         c10::cuda::getCurrentCUDAStream()>>>(
-          matrix<scalar_t, index_t>(grad_h), matrix<scalar_t, index_t>(grad_cell),
-          matrix<scalar_t, index_t>(new_cell), matrix<scalar_t, index_t>(gates),
-          matrix<scalar_t, index_t>(d_gates), matrix<scalar_t, index_t>(d_old_cell));
+  lltm_backward_kernel<scalar_t, index_t><<<grid_for(new_cell.size(0), new_cell.size(1)), kThreads,
+                                            0, c10::cuda::getCurrentCUDAStream()>>>(
+      matrix<scalar_t, index_t>(grad_h), matrix<scalar_t, index_t>(grad_cell),
+      matrix<scalar_t, index_t>(new_cell), matrix<scalar_t, index_t>(gates),
+      matrix<scalar_t, index_t>(d_gates), matrix<scalar_t, index_t>(d_old_cell));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -179,14 +178,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_cuda(const at::Tenso
   auto new_cell = at::empty({batch, state}, cell.options());
   if (new_h.numel() == 0) return {new_h, new_cell, gates};
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(),
-                                  "lltm_forward_cuda", [&] {
-    if (fits_32bit(gates)) {
-      launch_forward<scalar_t, int32_t>(gates, cell, new_h, new_cell);
-    } else {
-      launch_forward<scalar_t, int64_t>(gates, cell, new_h, new_cell);
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_forward_cuda", [&] {
+        if (fits_32bit(gates)) {
+          launch_forward<scalar_t, int32_t>(gates, cell, new_h, new_cell);
+        } else {
+          launch_forward<scalar_t, int64_t>(gates, cell, new_h, new_cell);
+        }
+      });
   return {new_h, new_cell, gates};
 }
 
@@ -204,16 +203,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
   auto d_old_cell = at::empty({batch, state}, gates.options());
 
   if (d_old_cell.numel() > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(),
-                                    "lltm_backward_cuda", [&] {
-      if (fits_32bit(d_gates)) {
-        launch_backward<scalar_t, int32_t>(grad_h_, grad_cell_, new_cell_, gates_, d_gates,
-                                           d_old_cell);
-      } else {
-        launch_backward<scalar_t, int64_t>(grad_h_, grad_cell_, new_cell_, gates_, d_gates,
-                                           d_old_cell);
-      }
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_backward_cuda", [&] {
+          if (fits_32bit(d_gates)) {
+            launch_backward<scalar_t, int32_t>(grad_h_, grad_cell_, new_cell_, gates_, d_gates,
+                                               d_old_cell);
+          } else {
+            launch_backward<scalar_t, int64_t>(grad_h_, grad_cell_, new_cell_, gates_, d_gates,
+                                               d_old_cell);
+          }
+        });
   }
 
   // Back through G = X W^T + b. d_old_h and d_input come from their own slice of W, so each is
