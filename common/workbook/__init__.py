@@ -1,2 +1,18 @@
-"""Python shared by every stage of the workbook: build helpers, float64 references, the shared
-test base and the timing harness. Put ``common/`` on ``sys.path`` to import it."""
+"""The workbook's shared Python: what every stage, test, notebook and tool uses, written once.
+
+    stages      the stages, found on disk (stages/NN_name/stage.toml)
+    build       building and importing a stage: build folder, flags, C++11 ABI, MAX_JOBS
+    toolkit     finding (or installing from pip) a CUDA toolkit that matches torch
+    ops         one descriptor per op (ops/lltm.py, ops/deform_conv2d.py, ...)
+    opspec      what a descriptor is (OpSpec, Case, Sample, BadInput) and the one comparison
+                with the float64 reference (compare)
+    reference   plain PyTorch versions of every op: the references and the eager baselines
+    testing     the shared test base: the checks every stage's tests call
+    suite       the test runner: one pytest process per stage, then tests/
+    lltm        the autograd.Function and nn.Module of the pybind11 LLTM stages (02-04)
+    timing      timing primitives (torch.utils.benchmark medians, IQR)
+    notebook    the notebooks' helpers (source excerpts, commands, tables, sweeps, plots)
+
+Installed in editable mode into the Makefile's .venv (scripts/bootstrap.sh); with PYTHON=, the
+Makefile puts common/ on PYTHONPATH.
+"""
