@@ -38,7 +38,7 @@ STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
-	lint clean distclean env env-check $(STAGE_GOALS)
+	lint gpu-check clean distclean env env-check $(STAGE_GOALS)
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
@@ -53,6 +53,7 @@ help:
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
 	@echo "  make new-stage NAME=my_op   start a stage of your own from the production pattern"
 	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
+	@echo "  make gpu-check   on a GPU machine: build, test, sanitize and time the CUDA stages (OUT=dir)"
 	@echo "  make install     pip-install the production library into this Python"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
@@ -145,6 +146,10 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# The GPU check in one command (scripts/device_check.sh says what it runs); OUT= for the results.
+gpu-check: $(ENV_READY)
+	@PYTHON="$(PY)" $(REPO)/scripts/device_check.sh
 
 # -- your own stage, and keeping the tree tidy -------------------------------------------------
 

@@ -144,3 +144,14 @@ def test_doctor_fails_on_a_forced_abi():
     assert checks["abi"].startswith("FAIL")
     assert "unset WORKBOOK_CXX11_ABI" in checks["abi"]
     assert proc.returncode == 1
+
+
+def test_gpu_check_stops_with_one_line_where_no_gpu_is_visible(tmp_path):
+    """scripts/device_check.sh cannot pass green without a GPU: it stops at its preflight,
+    exit 1, saying why in its summary (CUDA_VISIBLE_DEVICES="" hides any GPU there is)."""
+    env = tool_env(OUT=str(tmp_path / "out"), CUDA_VISIBLE_DEVICES="")
+    proc = run(["bash", REPO / "scripts" / "device_check.sh"], env, timeout=300)
+    assert proc.returncode == 1
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "STOP at preflight: no GPU visible" in summary, summary
+    assert (tmp_path / "out" / "logs.tgz").is_file()

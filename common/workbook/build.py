@@ -366,8 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
     parser.add_argument("stage", help="stage number, folder name, or `all`")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--require-cuda", action="store_true",
+                        help="exit 1 when a CUDA stage cannot be built with its CUDA kernels "
+                        "(skipped, or CPU-only): what a GPU machine's check wants")
     args = parser.parse_args(argv)
     targets = stages.all_stages() if args.stage == "all" else [stage(args.stage)]
+    if args.require_cuda and any(s.cuda for s in targets) and cuda_toolkit() is None:
+        from . import toolkit
+
+        print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
+        return 1
     for s in targets:
         if s.kind == "jit":
             print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
@@ -381,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                 build_stage(s, force=args.force)
             except StageSkipped as skipped:
                 print(f"[build] {skipped}")
+                if args.require_cuda:
+                    return 1
     return 0
 
 
