@@ -92,12 +92,13 @@ def test_opcheck(p, requires_grad):
 def test_opcheck_backward(p):
     package()
     sample = p.sample(SPEC, requires_grad=False)
-    input, offset, weight, bias = sample.args
-    kw = sample.kwargs
-    out = torch.ops.extops.deform_conv2d(*sample.args, **kw)
+    named = dict(sample.named())
+    mask, bias = named.get("mask"), named.get("bias")
+    out = torch.ops.extops.deform_conv2d(*sample.args, **sample.kwargs)
     grad = torch.randn_like(out)
-    args = (grad, input, offset, weight, kw["mask"], kw["stride"], kw["padding"], kw["dilation"],
-            [True, True, True, bias is not None, kw["mask"] is not None])
+    args = (grad, named["input"], named["offset"], named["weight"], mask, named["stride"],
+            named["padding"], named["dilation"], [True, True, True, bias is not None,
+                                                  mask is not None])
     # Not test_aot_dispatch_dynamic: no input requires grad, and the op has no derivative.
     testing.check_opcheck(torch.ops.extops.deform_conv2d_backward.default,
                           Sample("backward", args), testing.OPCHECK_TESTS[:3])

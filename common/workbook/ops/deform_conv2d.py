@@ -65,11 +65,14 @@ def make(case: Case, *, device="cpu", dtype=torch.float32, requires_grad=True,
     bound = fan_in ** -0.5
     args = (uniform(n, c, s["height"], s["width"]),
             uniform(n, 2 * taps, out_h, out_w, low=-scale, high=scale, between_pixels=True),
-            uniform(o, c // g, s["kernel_h"], s["kernel_w"], low=-bound, high=bound),
-            uniform(o, low=-bound, high=bound) if s.get("bias", 1) else None)
+            uniform(o, c // g, s["kernel_h"], s["kernel_w"], low=-bound, high=bound))
     kwargs = {"stride": _pair(case, "stride", 1), "padding": _pair(case, "pad", 0),
-              "dilation": _pair(case, "dilation", 1),
-              "mask": uniform(n, taps, out_h, out_w, low=0.0) if s.get("mask", 1) else None}
+              "dilation": _pair(case, "dilation", 1)}
+    # Without bias or mask the sample leaves them out, as callers do: the defaults are tested too.
+    if s.get("bias", 1):
+        args += (uniform(o, low=-bound, high=bound),)
+    if s.get("mask", 1):
+        kwargs["mask"] = uniform(n, taps, out_h, out_w, low=0.0)
     return Sample(case.name, args, kwargs, arg_names=ARG_NAMES)
 
 
@@ -213,6 +216,12 @@ OP = OpSpec(
         Case("b2_c4_o5_k3_pad1", {"batch": 2, "in_channels": 4, "out_channels": 5,
                                   "offset_groups": 1, "height": 7, "width": 9, "kernel_h": 3,
                                   "kernel_w": 3, "pad_h": 1, "pad_w": 1}),
+        # Default stride and dilation and no mask: the call leaves trailing arguments at their
+        # defaults, which the dispatcher then drops before autograd sees them.
+        Case("b2_c3_o4_k3_pad1_no_mask", {"batch": 2, "in_channels": 3, "out_channels": 4,
+                                          "offset_groups": 1, "height": 6, "width": 5,
+                                          "kernel_h": 3, "kernel_w": 3, "pad_h": 1, "pad_w": 1,
+                                          "mask": 0}),
         Case("b1_c3_o2_k1", {"batch": 1, "in_channels": 3, "out_channels": 2, "offset_groups": 3,
                              "height": 3, "width": 5, "kernel_h": 1, "kernel_w": 1}),
         Case("b3_c8_o4_g4_og2_k3_s2_d2", {"batch": 3, "in_channels": 8, "out_channels": 4,

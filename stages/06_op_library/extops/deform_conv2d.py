@@ -99,7 +99,8 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
     if bias is not None:
         _check_dim(op, "bias", bias, 1, "(out_channels)")
     if mask is not None:
-        _check_dim(op, "mask", mask, 4, "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)")
+        _check_dim(op, "mask", mask, 4,
+                   "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)")
 
     _check_int_pair(op, "stride", stride, 1, "positive")
     _check_int_pair(op, "padding", padding, 0, "non-negative")
@@ -189,6 +190,11 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
 @torch.library.register_fake("extops::deform_conv2d_backward")
 def _deform_conv2d_backward_fake(grad_output, input, offset, weight, mask, stride, padding,
                                  dilation, output_mask):
+    # `bool[5]` reaches the C++ kernel as std::array<bool, 5>; the dispatcher refuses another
+    # length with this message before the kernel runs.
+    torch._check(len(output_mask) == 5,
+                 lambda: f"Tried to convert a List with {len(output_mask)} elements to a "
+                         f"fixed-size array of size 5")
     _check_common("deform_conv2d_backward", grad_output, input, offset, weight, None, stride,
                   padding, dilation, mask)
     want_input, want_offset, want_weight, want_bias, want_mask = output_mask
@@ -208,7 +214,11 @@ def _deform_conv2d_backward_fake(grad_output, input, offset, weight, mask, strid
 
 def _setup_context(ctx, inputs, output):
     input, offset, weight, bias, stride, padding, dilation, mask = inputs
-    needs = ctx.needs_input_grad
+    # The dispatcher drops trailing arguments left at their defaults (mask=None, dilation=1)
+    # before autograd sees them, so needs_input_grad can be shorter than the 8 arguments: a
+    # dropped one is a default, which needs no gradient. Backward returns all 8 (torch accepts
+    # one gradient per argument of the schema).
+    needs = tuple(ctx.needs_input_grad) + (False,) * (8 - len(ctx.needs_input_grad))
     ctx.output_mask = (needs[0], needs[1], needs[2], needs[3] and bias is not None,
                        needs[7] and mask is not None)
     want_input, want_offset, want_weight, _, want_mask = ctx.output_mask
