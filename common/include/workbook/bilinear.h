@@ -80,8 +80,7 @@ template <typename T>
 WORKBOOK_HOST_DEVICE inline Sample<T> locate(T y, T x, int64_t height, int64_t width) {
   Sample<T> s{height, width, 0, 0, T(0), T(0), false};
   // Comparisons first, in floating point: false for NaN, and +-inf or 1e30 never reach a cast.
-  s.in_range = y >= T(-1) && y < static_cast<T>(height) && x >= T(-1) &&
-               x < static_cast<T>(width);
+  s.in_range = y >= T(-1) && y < static_cast<T>(height) && x >= T(-1) && x < static_cast<T>(width);
   if (s.in_range) {
     const T fy = std::floor(y), fx = std::floor(x);
     s.y0 = static_cast<int64_t>(fy);

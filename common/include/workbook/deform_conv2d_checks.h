@@ -1,8 +1,9 @@
 // workbook/deform_conv2d_checks.h: the input checks of the deformable convolution ops, shared by
 // the CPU kernel (stage 06) and the CUDA kernel (stage 07).
 //
-//   deform_conv2d(input [N, C, H, W], offset [N, 2 G kh kw, Ho, Wo], weight [O, C / groups, kh, kw],
-//                 bias [O]?, stride, padding, dilation, mask [N, G kh kw, Ho, Wo]?)
+//   deform_conv2d(input [N, C, H, W], offset [N, 2 G kh kw, Ho, Wo],
+//                 weight [O, C / groups, kh, kw], bias [O]?, stride, padding, dilation,
+//                 mask [N, G kh kw, Ho, Wo]?)
 //   deform_conv2d_backward(grad_output [N, O, Ho, Wo], input, offset, weight, mask?, stride,
 //                          padding, dilation, output_mask)
 //
@@ -53,19 +54,32 @@ struct Geometry {
 // their C++ names in lower case (Float8_e4m3fn -> float8_e4m3fn, UInt16 -> uint16).
 inline std::string dtype_name(at::ScalarType type) {
   switch (type) {
-    case at::kDouble: return "torch.float64";
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kComplexDouble: return "torch.complex128";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexHalf: return "torch.complex32";
-    case at::kLong: return "torch.int64";
-    case at::kInt: return "torch.int32";
-    case at::kShort: return "torch.int16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kFloat:
+      return "torch.float32";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kShort:
+      return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kBool:
+      return "torch.bool";
     default: {
       std::string name = c10::toString(type);
       for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -123,12 +137,11 @@ inline bool product_fits(std::initializer_list<int64_t> sizes) {
 }
 
 // Everything both ops check. `grad_output` is null for the forward; `bias` is the forward's.
-inline Geometry check_common(const char* op, const at::Tensor* grad_output,
-                             const at::Tensor& input, const at::Tensor& offset,
-                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             at::IntArrayRef stride, at::IntArrayRef padding,
-                             at::IntArrayRef dilation, const std::optional<at::Tensor>& mask,
-                             c10::DeviceType device) {
+inline Geometry check_common(const char* op, const at::Tensor* grad_output, const at::Tensor& input,
+                             const at::Tensor& offset, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                             at::IntArrayRef padding, at::IntArrayRef dilation,
+                             const std::optional<at::Tensor>& mask, c10::DeviceType device) {
   const Arg grad_arg{op, "grad_output"}, input_arg{op, "input"}, offset_arg{op, "offset"},
       weight_arg{op, "weight"}, bias_arg{op, "bias"}, mask_arg{op, "mask"};
   const bool has_bias = bias.has_value() && bias->defined();
@@ -162,10 +175,12 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output,
     check_dim(*grad_output, grad_arg, 4, "(batch, out_channels, out_h, out_w)");
   }
   check_dim(input, input_arg, 4, "(batch, in_channels, height, width)");
-  check_dim(offset, offset_arg, 4, "(batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w)");
+  check_dim(offset, offset_arg, 4,
+            "(batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w)");
   check_dim(weight, weight_arg, 4, "(out_channels, in_channels / groups, kernel_h, kernel_w)");
   if (has_bias) check_dim(*bias, bias_arg, 1, "(out_channels)");
-  if (has_mask) check_dim(*mask, mask_arg, 4, "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)");
+  if (has_mask)
+    check_dim(*mask, mask_arg, 4, "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)");
 
   check_int_pair(stride, Arg{op, "stride"}, 1, "positive");
   check_int_pair(padding, Arg{op, "padding"}, 0, "non-negative");
@@ -196,10 +211,11 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output,
                     " input channels per group (dimension 1), which must divide the ",
                     g.in_channels, " channels of `input`, got sizes ", weight.sizes());
   g.groups = g.in_channels / per_group;
-  TORCH_CHECK_VALUE(g.out_channels % g.groups == 0, describe(weight_arg),
-                    " must have a multiple of groups = ", g.groups,
-                    " output channels (dimension 0; groups = input channels / weight.size(1)), "
-                    "got sizes ", weight.sizes());
+  TORCH_CHECK_VALUE(
+      g.out_channels % g.groups == 0, describe(weight_arg),
+      " must have a multiple of groups = ", g.groups,
+      " output channels (dimension 0; groups = input channels / weight.size(1)), got sizes ",
+      weight.sizes());
   TORCH_CHECK_VALUE(g.kernel_h >= 1 && g.kernel_w >= 1, describe(weight_arg),
                     " must have a kernel of at least 1 x 1 (dimensions 2 and 3), got sizes ",
                     weight.sizes());
@@ -211,25 +227,28 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output,
   check_size(offset, offset_arg, 0, g.batch, "batch size of `input`");
   // offset.size(1) = 2 * G * kh * kw, tested without forming 2 * kh * kw, which could overflow.
   const int64_t offset_channels = offset.size(1), taps = g.taps();
-  TORCH_CHECK_VALUE(offset_channels > 0 && offset_channels % 2 == 0 &&
-                        (offset_channels / 2) % taps == 0,
-                    describe(offset_arg), " must have a positive multiple of 2 * kernel_h * "
-                    "kernel_w = 2 * ", g.kernel_h, " * ", g.kernel_w, " channels (dimension 1: "
-                    "a (dy, dx) pair per kernel tap and offset group), got sizes ", offset.sizes());
+  TORCH_CHECK_VALUE(
+      offset_channels > 0 && offset_channels % 2 == 0 && (offset_channels / 2) % taps == 0,
+      describe(offset_arg), " must have a positive multiple of 2 * kernel_h * kernel_w = 2 * ",
+      g.kernel_h, " * ", g.kernel_w,
+      " channels (dimension 1: a (dy, dx) pair per kernel tap and offset group), got sizes ",
+      offset.sizes());
   g.offset_groups = offset_channels / 2 / taps;
   TORCH_CHECK_VALUE(g.in_channels % g.offset_groups == 0, describe(offset_arg), " has ",
-                    g.offset_groups, " offset groups (channels / (2 * kernel_h * kernel_w)), "
-                    "which must divide the ", g.in_channels, " channels of `input`, got sizes ",
-                    offset.sizes());
+                    g.offset_groups,
+                    " offset groups (channels / (2 * kernel_h * kernel_w)), which must divide the ",
+                    g.in_channels, " channels of `input`, got sizes ", offset.sizes());
 
-  g.out_h = output_size(op, "height", "kernel_h", g.height, g.kernel_h, padding, dilation, 0,
-                        g.stride_h);
-  g.out_w = output_size(op, "width", "kernel_w", g.width, g.kernel_w, padding, dilation, 1,
-                        g.stride_w);
-  const char* out_h_why = "out_h of the convolution: (height + 2 * padding - dilation * "
-                          "(kernel_h - 1) - 1) / stride + 1";
-  const char* out_w_why = "out_w of the convolution: (width + 2 * padding - dilation * "
-                          "(kernel_w - 1) - 1) / stride + 1";
+  g.out_h =
+      output_size(op, "height", "kernel_h", g.height, g.kernel_h, padding, dilation, 0, g.stride_h);
+  g.out_w =
+      output_size(op, "width", "kernel_w", g.width, g.kernel_w, padding, dilation, 1, g.stride_w);
+  const char* out_h_why =
+      "out_h of the convolution: (height + 2 * padding - dilation * "
+      "(kernel_h - 1) - 1) / stride + 1";
+  const char* out_w_why =
+      "out_w of the convolution: (width + 2 * padding - dilation * "
+      "(kernel_w - 1) - 1) / stride + 1";
   check_size(offset, offset_arg, 2, g.out_h, out_h_why);
   check_size(offset, offset_arg, 3, g.out_w, out_w_why);
 
@@ -244,12 +263,12 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output,
 
   // Offsets and masks exist, so N * Ho * Wo fits; with meta tensors, sizes alone can still make
   // the output or one image's columns too large to count.
-  TORCH_CHECK_VALUE(product_fits({g.batch, g.out_channels, g.out_h, g.out_w}), op,
-                    ": the output [", g.batch, ", ", g.out_channels, ", ", g.out_h, ", ", g.out_w,
+  TORCH_CHECK_VALUE(product_fits({g.batch, g.out_channels, g.out_h, g.out_w}), op, ": the output [",
+                    g.batch, ", ", g.out_channels, ", ", g.out_h, ", ", g.out_w,
                     "] would have more than 2^63 - 1 elements");
   TORCH_CHECK_VALUE(product_fits({g.in_channels, g.kernel_h, g.kernel_w, g.out_h, g.out_w}), op,
-                    ": the sampled columns of one image [", g.in_channels, " * ", g.kernel_h,
-                    " * ", g.kernel_w, ", ", g.out_h, " * ", g.out_w,
+                    ": the sampled columns of one image [", g.in_channels, " * ", g.kernel_h, " * ",
+                    g.kernel_w, ", ", g.out_h, " * ", g.out_w,
                     "] would have more than 2^63 - 1 elements");
 
   if (grad_output != nullptr) {
@@ -266,9 +285,8 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output,
 
 inline Geometry check_forward_inputs(const at::Tensor& input, const at::Tensor& offset,
                                      const at::Tensor& weight,
-                                     const std::optional<at::Tensor>& bias,
-                                     at::IntArrayRef stride, at::IntArrayRef padding,
-                                     at::IntArrayRef dilation,
+                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                     at::IntArrayRef padding, at::IntArrayRef dilation,
                                      const std::optional<at::Tensor>& mask,
                                      c10::DeviceType device) {
   return detail::check_common("deform_conv2d", nullptr, input, offset, weight, bias, stride,
@@ -279,9 +297,9 @@ inline Geometry check_forward_inputs(const at::Tensor& input, const at::Tensor& 
 // it guards direct calls, which are part of the op's public schema.
 inline Geometry check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& input,
                                       const at::Tensor& offset, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& mask,
-                                      at::IntArrayRef stride, at::IntArrayRef padding,
-                                      at::IntArrayRef dilation, c10::DeviceType device) {
+                                      const std::optional<at::Tensor>& mask, at::IntArrayRef stride,
+                                      at::IntArrayRef padding, at::IntArrayRef dilation,
+                                      c10::DeviceType device) {
   return detail::check_common("deform_conv2d_backward", &grad_output, input, offset, weight,
                               std::nullopt, stride, padding, dilation, mask, device);
 }

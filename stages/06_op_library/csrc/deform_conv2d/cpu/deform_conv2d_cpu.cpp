@@ -1,22 +1,25 @@
 // Stage 06: extops::deform_conv2d and its backward on the CPU: deterministic, thread-parallel.
 //
 // Run card
-//   build + test:  the stage's make target builds this file into extops._C (CPU, always)
-//   scratch:       torch.utils.cpp_extension.load of deform_conv2d.cpp and this file, with
+//   build + test:  make stage 6            (this file builds everywhere, with or without nvcc)
+//   scratch:       torch.utils.cpp_extension.load of ../deform_conv2d.cpp and this file, with
 //                  workbook.build's cxx_flags() + openmp_flags() + cpu_simd_flags()
-//   v0 (torchvision 0.29): one bilinear sample per (channel, tap, position) in serial loops,
-//                  ~85% of its time; a backward of the same serial loops
+//   timings:       forward | forward + backward, N 4, C = O = 64, 56 x 56, 3 x 3, pad 1, mask,
+//                  float32, 1 | 2 threads of a 2-core AVX-512 machine (median, interleaved)
+//   v0 torchvision 0.29: one bilinear sample per (channel, tap, position) in serial loops, ~85%
+//                  of its time; the backward the same        100 | 855 ms, 97 | 877 ms
 //   v1:            the sampling computed once per (image, offset group, tap, position) into a
-//                  table every channel reuses; classic im2col columns [C kh kw, Ho Wo]. An entry
-//                  is then 4 gathers from one channel plane, which the compiler leaves scalar
-//                  (gcc's generic tuning avoids AVX-512 gathers, slow on many CPUs): 1.3 ns an
-//                  entry, half the forward
+//                  table every channel reuses; classic im2col columns [C kh kw, Ho Wo], so an
+//                  entry is 4 gathers from one channel plane, which gcc leaves scalar (its generic
+//                  tuning avoids AVX-512 gathers, slow on many CPUs)
+//                                                             22 | 84 ms, 11.3 | 44 ms
 //   v2 (here):     the same table, with the input and the columns channels-last: a position's
 //                  column row is [kh kw][C], so one sample's 4 corners are 4 contiguous runs of
 //                  channels, blended with plain vector loads and FMAs. The GEMMs read the columns
-//                  transposed, which BLAS does for free. Every pass is an at::parallel_for over
-//                  tasks that each own their outputs: no atomics, and bitwise the same results
-//                  run to run and for any number of threads
+//                  transposed, which BLAS does for free      17 | 60 ms, 8.9 | 31 ms
+//                  (F.conv2d of the same shape: 8.7 | 28.5 ms, 4.3 | 14.6 ms)
+//   Every pass is an at::parallel_for over tasks that each own their outputs: no atomics, and
+//   bitwise the same results run to run and for any number of threads.
 //
 // Napkin math (N 4, C = O = 64, 56 x 56, 3 x 3, pad 1, float32; per image):
 //   columns Ho Wo x kh kw C = 3136 x 576 = 1.8M floats (7.2 MB), each 4 loads + 4 FMAs, 16 at a
@@ -35,11 +38,14 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -80,10 +86,18 @@ struct PaddedPlane {
   int64_t size;     // (H + 3) (W + 2) pixels
   int64_t outside;  // (H + 1) (W + 2): a base pixel whose four corners are all zero
 
-  explicit PaddedPlane(const Geometry& g)
-      : row(g.width + 2),
-        size((g.height + 3) * (g.width + 2)),
-        outside((g.height + 1) * (g.width + 2)) {}
+  explicit PaddedPlane(const Geometry& g) {
+    // The checks bound the output, not the input: an expanded (stride 0) input can pass them with
+    // sizes that no padded copy could hold.
+    int64_t rows = 0, image = 0;
+    TORCH_CHECK(!c10::add_overflows<int64_t>(g.height, 3, &rows) &&
+                    !c10::add_overflows<int64_t>(g.width, 2, &row) &&
+                    !c10::mul_overflows<int64_t>(rows, row, &size) &&
+                    !c10::mul_overflows<int64_t>(size, g.in_channels, &image),
+                "deform_conv2d: `input` of height ", g.height, ", width ", g.width, " and ",
+                g.in_channels, " channels is too large for the CPU kernel's padded copy of it");
+    outside = (g.height + 1) * row;
+  }
 
   template <typename T>
   int64_t base(const workbook::bilinear::Sample<T>& s) const {
@@ -98,12 +112,16 @@ constexpr int64_t kColumnBudgetBytes = int64_t{32} << 20;
 
 // Positions (GEMM rows or columns) per GEMM task. The GEMMs are cut into fixed blocks (never
 // along the reduction) and run one per task inside at::parallel_for, where BLAS runs
-// single-threaded: each output element comes from one BLAS call whose shape does not depend on
-// the thread count, hence the same bits for any thread count.
+// single-threaded (measured: an mm inside a 2-thread region takes its 1-thread time, though
+// MKL reports 2 threads there): each output element comes from one BLAS call whose shape does not
+// depend on the thread count, hence the same bits for any thread count. 256 leaves several tasks
+// per image even at 28 x 28; 1024 measured within noise of it at 56 x 56.
 constexpr int64_t kGemmPositions = 256;
-// Columns of grad_weight (kh kw C / groups of them) per task: 32 keeps two threads busy at 576.
-constexpr int64_t kWeightGradColumns = 32;
-// Channels per scatter task: one 64-byte line of floats, so two tasks never share a line.
+// Columns of grad_weight (kh kw C / groups of them) per task. Each task packs the whole chunk's
+// grad_output for BLAS, so fewer, wider tasks pack less: 96 makes 6 tasks at C 64, 3 x 3, even
+// on 2 or 3 threads (32, 18 tasks, measured a few per cent slower).
+constexpr int64_t kWeightGradColumns = 96;
+// Channels per scatter task: 16 floats, one 64-byte line when C is a multiple of 16.
 constexpr int64_t kChannelBlock = 16;
 
 // One chunk of the work: images [n0, n0 + images), output positions [p0, p0 + positions) of each
@@ -117,35 +135,30 @@ int64_t saturating_mul(int64_t a, int64_t b) {
   return c10::mul_overflows<int64_t>(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
 }
 
-template <typename Fn>
-void for_each_chunk(const Geometry& g, int64_t bytes_per_position, const Fn& fn) {
-  const int64_t positions = g.positions();
-  const int64_t image_bytes = saturating_mul(bytes_per_position, positions);
+// How a batch is cut: chunks of `images` whole images, or, when one image alone exceeds the
+// budget (then images == 1), blocks of `rows` output rows of each image.
+struct ChunkPlan {
+  int64_t images, rows;
+};
+
+ChunkPlan plan_chunks(const Geometry& g, int64_t bytes_per_position) {
+  const int64_t image_bytes = saturating_mul(bytes_per_position, g.positions());
   if (image_bytes <= kColumnBudgetBytes) {
-    const int64_t images = std::max<int64_t>(1, kColumnBudgetBytes / image_bytes);
-    for (int64_t n0 = 0; n0 < g.batch; n0 += images) {
-      fn(Chunk{n0, std::min(images, g.batch - n0), 0, positions});
-    }
-    return;
+    return {std::min(g.batch, std::max<int64_t>(1, kColumnBudgetBytes / image_bytes)), g.out_h};
   }
-  const int64_t rows =
-      std::max<int64_t>(1, kColumnBudgetBytes / saturating_mul(bytes_per_position, g.out_w));
-  for (int64_t n = 0; n < g.batch; ++n) {
-    for (int64_t r0 = 0; r0 < g.out_h; r0 += rows) {
-      fn(Chunk{n, 1, r0 * g.out_w, std::min(rows, g.out_h - r0) * g.out_w});
-    }
-  }
+  const int64_t row_bytes = saturating_mul(bytes_per_position, g.out_w);
+  return {1, std::min(g.out_h, std::max<int64_t>(1, kColumnBudgetBytes / row_bytes))};
 }
 
-// The largest chunk for_each_chunk makes (its first): buffers are allocated once at this size.
-Chunk largest_chunk(const Geometry& g, int64_t bytes_per_position) {
-  Chunk first{};
-  bool seen = false;
-  for_each_chunk(g, bytes_per_position, [&](const Chunk& c) {
-    if (!seen) first = c;
-    seen = true;
-  });
-  return first;
+// The chunks in order. The first is the largest: buffers are allocated once, at its size.
+template <typename Fn>
+void for_each_chunk(const Geometry& g, const ChunkPlan& plan, const Fn& fn) {
+  for (int64_t n0 = 0; n0 < g.batch; n0 += plan.images) {
+    for (int64_t r0 = 0; r0 < g.out_h; r0 += plan.rows) {
+      fn(Chunk{n0, std::min(plan.images, g.batch - n0), r0 * g.out_w,
+               std::min(plan.rows, g.out_h - r0) * g.out_w});
+    }
+  }
 }
 
 // The channels of one offset group, cut where a conv group ends. Within a run, channel c and tap
@@ -189,7 +202,7 @@ struct Problem {
   const ColumnLayout* layout;
   const T* input;  // padded channels-last planes; null when no pass reads the input
   const T* offset;
-  const T* mask;   // null: no mask
+  const T* mask;  // null: no mask
 };
 
 template <typename T>
@@ -197,19 +210,26 @@ int64_t table_bytes_per_position(const Geometry& g) {
   return g.offset_groups * g.taps() * static_cast<int64_t>(sizeof(int64_t) + 4 * sizeof(T));
 }
 
-// Where tap gk = g K + k of output position p of image n samples the input.
-template <typename T>
-workbook::bilinear::Sample<T> sample_point(const Problem<T>& pb, int64_t n, int64_t gk,
-                                           int64_t p) {
+// Calls fn(gk, sample) for every offset group g and tap k (gk = g K + k) of output position p of
+// image n, in that order: where that tap samples the input. One division per position; the taps'
+// integer offsets are stepped.
+template <typename T, typename Fn>
+void for_each_sample(const Problem<T>& pb, int64_t n, int64_t p, const Fn& fn) {
   const Geometry& g = pb.g;
-  const int64_t K = g.taps(), P = g.positions(), k = gk % K;
-  const int64_t oh = p / g.out_w, ow = p % g.out_w;
-  const T* dy = pb.offset + (n * 2 * g.offset_groups * K + 2 * gk) * P;
-  // Integer part in int64 (it lies in [-pad, H + pad), checked to fit), then one rounding.
-  const T y = static_cast<T>(oh * g.stride_h - g.pad_h + (k / g.kernel_w) * g.dilation_h) + dy[p];
-  const T x = static_cast<T>(ow * g.stride_w - g.pad_w + (k % g.kernel_w) * g.dilation_w) +
-              dy[P + p];
-  return workbook::bilinear::locate<T>(y, x, g.height, g.width);
+  const int64_t P = g.positions(), oh = p / g.out_w, ow = p % g.out_w;
+  const T* offsets = pb.offset + n * 2 * g.offset_groups * g.taps() * P + p;
+  int64_t gk = 0;
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+      // Integer part in int64 (it lies in [-pad, H + pad), checked to fit), then one rounding.
+      const T y0 = static_cast<T>(oh * g.stride_h - g.pad_h + ki * g.dilation_h);
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj, ++gk) {
+        const T x0 = static_cast<T>(ow * g.stride_w - g.pad_w + kj * g.dilation_w);
+        const T y = y0 + offsets[2 * gk * P], x = x0 + offsets[(2 * gk + 1) * P];
+        fn(gk, workbook::bilinear::locate<T>(y, x, g.height, g.width));
+      }
+    }
+  }
 }
 
 // The sample table of a chunk: for entry e = (i Pc + q) G K + g K + k (image n0 + i, position
@@ -222,13 +242,12 @@ void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T*
   at::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
-      for (int64_t gk = 0; gk < GK; ++gk) {
-        const auto s = sample_point(pb, n, gk, p);
+      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
         const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
         const int64_t e = t * GK + gk;
         base[e] = pb.plane.base(s);
         for (int c = 0; c < 4; ++c) weight[4 * e + c] = scale * s.weight(c);
-      }
+      });
     }
   });
 }
@@ -257,38 +276,39 @@ inline void spread_corners(T* __restrict__ x0, T* __restrict__ x1, T* __restrict
   }
 }
 
-// acc[j] += sum_c grad[c] x_j[c], in one SIMD register's worth of lanes with a fixed pattern:
-// vectorisable without reassociation, and the same sum for any thread count.
+// Four dot products over runs of channels, sum_c grad[c] x_j[c] for the corners j, in at::vec
+// registers (lane = channel mod the vector size), folded by at::vec's fixed shuffle tree: the
+// same sums for any thread count. Stage 05 uses at::vec the same way.
 template <typename T>
-inline void corner_dots(const T* __restrict__ grad, const T* __restrict__ x0,
-                        const T* __restrict__ x1, const T* __restrict__ x2,
-                        const T* __restrict__ x3, int64_t len, T acc[4]) {
-  constexpr int64_t kLanes = 64 / sizeof(T);
-  T a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= len; c += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const T v = grad[c + l];
-      a0[l] += v * x0[c + l];
-      a1[l] += v * x1[c + l];
-      a2[l] += v * x2[c + l];
-      a3[l] += v * x3[c + l];
+struct CornerDots {
+  using V = at::vec::Vectorized<T>;
+  V sums[4] = {V(T(0)), V(T(0)), V(T(0)), V(T(0))};
+
+  void add(const T* grad, const T* x0, const T* x1, const T* x2, const T* x3, int64_t len) {
+    int64_t c = 0;
+    for (; c + V::size() <= len; c += V::size()) {
+      const V v = V::loadu(grad + c);
+      sums[0] = at::vec::fmadd(v, V::loadu(x0 + c), sums[0]);
+      sums[1] = at::vec::fmadd(v, V::loadu(x1 + c), sums[1]);
+      sums[2] = at::vec::fmadd(v, V::loadu(x2 + c), sums[2]);
+      sums[3] = at::vec::fmadd(v, V::loadu(x3 + c), sums[3]);
+    }
+    if (c < len) {  // partial loads fill the missing lanes with zeros
+      const int64_t rest = len - c;
+      const V v = V::loadu(grad + c, rest);
+      sums[0] = at::vec::fmadd(v, V::loadu(x0 + c, rest), sums[0]);
+      sums[1] = at::vec::fmadd(v, V::loadu(x1 + c, rest), sums[1]);
+      sums[2] = at::vec::fmadd(v, V::loadu(x2 + c, rest), sums[2]);
+      sums[3] = at::vec::fmadd(v, V::loadu(x3 + c, rest), sums[3]);
     }
   }
-  for (int64_t l = 0; c < len; ++c, ++l) {
-    const T v = grad[c];
-    a0[l] += v * x0[c];
-    a1[l] += v * x1[c];
-    a2[l] += v * x2[c];
-    a3[l] += v * x3[c];
+
+  std::array<T, 4> fold() const {
+    const std::plus<V> plus;
+    return {at::vec::vec_reduce_all<T>(plus, sums[0]), at::vec::vec_reduce_all<T>(plus, sums[1]),
+            at::vec::vec_reduce_all<T>(plus, sums[2]), at::vec::vec_reduce_all<T>(plus, sums[3])};
   }
-  for (int64_t l = 0; l < kLanes; ++l) {
-    acc[0] += a0[l];
-    acc[1] += a1[l];
-    acc[2] += a2[l];
-    acc[3] += a3[l];
-  }
-}
+};
 
 // im2col, one task per (image, position) row: for each sample, each run of its offset group's
 // channels is one blend of four contiguous runs.
@@ -308,8 +328,7 @@ void sample_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, 
         const T* x0 = image + base[e] * C;
         for (const auto& run : layout.runs[gk / K]) {
           blend_corners(out + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
-                        x0 + row + run.c0, x0 + row + C + run.c0, weight + 4 * e,
-                        run.c1 - run.c0);
+                        x0 + row + run.c0, x0 + row + C + run.c0, weight + 4 * e, run.c1 - run.c0);
         }
       }
     }
@@ -363,16 +382,16 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
       const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
       const T* image = pb.input + n * pb.plane.size * C;
       const T* grad = grad_columns + t * layout.width;
-      for (int64_t gk = 0; gk < GK; ++gk) {
+      // The derivative weights come from the same samples the table was built from.
+      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
         const int64_t k = gk % K;
         const T* x0 = image + base[t * GK + gk] * C;
-        T acc[4] = {T(0), T(0), T(0), T(0)};
+        CornerDots<T> dots;
         for (const auto& run : layout.runs[gk / K]) {
-          corner_dots(grad + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
-                      x0 + row + run.c0, x0 + row + C + run.c0, run.c1 - run.c0, acc);
+          dots.add(grad + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
+                   x0 + row + run.c0, x0 + row + C + run.c0, run.c1 - run.c0);
         }
-        // The derivative weights come from the same sample the table was built from.
-        const auto s = sample_point(pb, n, gk, p);
+        const std::array<T, 4> acc = dots.fold();
         T d_y = T(0), d_x = T(0), d_m = T(0);
         for (int j = 0; j < 4; ++j) {
           d_y += s.d_weight_dy(j) * acc[j];
@@ -385,7 +404,7 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
           grad_offset[(n * 2 * GK + 2 * gk + 1) * P + p] = scale * d_x;
         }
         if (grad_mask != nullptr) grad_mask[(n * GK + gk) * P + p] = d_m;
-      }
+      });
     }
   });
 }
@@ -458,18 +477,19 @@ void columns_gradient_gemm(const at::Tensor& weight3, const at::Tensor& grad_out
       const int64_t q0 = (t % blocks) * kGemmPositions;
       const int64_t len = std::min(kGemmPositions, ch.positions - q0);
       auto out = grad_columns3.select(0, i).narrow(0, q0, len).narrow(1, gw * width, width);
-      const auto grad =
-          grad_output4.select(0, ch.n0 + i).select(0, gw).narrow(1, ch.p0 + q0, len);
+      const auto grad = grad_output4.select(0, ch.n0 + i).select(0, gw).narrow(1, ch.p0 + q0, len);
       at::mm_out(out, grad.t(), weight3.select(0, gw));
     }
   });
 }
 
-// grad_weight[gw][:, block] += grad_output[n, gw, :, chunk] @ columns[i, :, gw block], over the
-// chunk's images in order. The reduction (positions) is never split within a chunk; across
-// chunks the order is the chunks', fixed by the memory budget alone.
-void weight_gradient_gemm(const at::Tensor& grad_weight3, const at::Tensor& grad_output4,
-                          const at::Tensor& columns3, const Chunk& ch) {
+// grad_weight[gw][:, block] += grad_output_chunk[gw] @ columns[:, gw block], one BLAS call per
+// task and chunk: grad_output_chunk [groups, O / groups, images Pc] is the chunk's grad_output
+// gathered image after image, so that the reduction runs over the images and positions of the
+// chunk at once, as the columns' rows do. It is never split within a chunk; across chunks the
+// order is the chunks', fixed by the memory budget alone.
+void weight_gradient_gemm(const at::Tensor& grad_weight3, const at::Tensor& grad_output_chunk3,
+                          const at::Tensor& columns2) {
   const int64_t groups = grad_weight3.size(0), width = grad_weight3.size(2);
   const int64_t blocks = ceil_div(width, kWeightGradColumns);
   if (grad_weight3.size(1) == 0) return;
@@ -479,12 +499,8 @@ void weight_gradient_gemm(const at::Tensor& grad_weight3, const at::Tensor& grad
       const int64_t gw = t / blocks, r0 = (t % blocks) * kWeightGradColumns;
       const int64_t len = std::min(kWeightGradColumns, width - r0);
       auto out = grad_weight3.select(0, gw).narrow(1, r0, len);
-      for (int64_t i = 0; i < ch.images; ++i) {
-        const auto grad =
-            grad_output4.select(0, ch.n0 + i).select(0, gw).narrow(1, ch.p0, ch.positions);
-        const auto cols = columns3.select(0, i).narrow(1, gw * width + r0, len);
-        at::addmm_out(out, out, grad, cols);
-      }
+      at::addmm_out(out, out, grad_output_chunk3.select(0, gw),
+                    columns2.narrow(1, gw * width + r0, len));
     }
   });
 }
@@ -507,8 +523,8 @@ at::Tensor in_compute_type(const at::Tensor& t, at::ScalarType type) {
 
 // [N, C, H, W] -> [N, H + 3, W + 2, C], zero border, compute type.
 at::Tensor padded_channels_last(const at::Tensor& input, const Geometry& g, at::ScalarType type) {
-  auto padded = at::zeros({g.batch, g.height + 3, g.width + 2, g.in_channels},
-                          input.options().dtype(type));
+  auto padded =
+      at::zeros({g.batch, g.height + 3, g.width + 2, g.in_channels}, input.options().dtype(type));
   padded.narrow(1, 1, g.height).narrow(2, 1, g.width).copy_(input.detach().permute({0, 2, 3, 1}));
   return padded;
 }
@@ -546,29 +562,36 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset,
 
   auto output = at::empty({g.batch, g.out_channels, g.out_h, g.out_w}, typed);
   if (g.batch > 0 && g.out_channels > 0) {
+    const PaddedPlane plane(g);
     const auto input_c = padded_channels_last(input, g, type);
     const auto offset_c = in_compute_type(offset, type);
     const auto mask_c = mask ? std::optional(in_compute_type(*mask, type)) : std::nullopt;
     const auto weight3 = weight_by_tap(weight, g, type);
-    const auto bias3 = bias ? std::optional(in_compute_type(*bias, type).view({g.groups, -1, 1}))
-                            : std::nullopt;
-    const auto output4 = output.view({g.batch, g.groups, g.out_channels_per_group(), -1});
+    const auto bias3 =
+        bias ? std::optional(
+                   in_compute_type(*bias, type).view({g.groups, g.out_channels_per_group(), 1}))
+             : std::nullopt;
+    const auto output4 =
+        output.view({g.batch, g.groups, g.out_channels_per_group(), g.positions()});
     const ColumnLayout layout(g);
     const int64_t K = g.taps();
 
     AT_DISPATCH_FLOATING_TYPES(type, "deform_conv2d_cpu", [&] {
       using T = scalar_t;
-      const Problem<T> pb{g, PaddedPlane(g), &layout, input_c.const_data_ptr<T>(),
+      const Problem<T> pb{g,
+                          plane,
+                          &layout,
+                          input_c.const_data_ptr<T>(),
                           offset_c.const_data_ptr<T>(),
                           mask_c ? mask_c->const_data_ptr<T>() : nullptr};
-      const int64_t per_position = layout.width * static_cast<int64_t>(sizeof(T)) +
-                                   table_bytes_per_position<T>(g);
-      const Chunk most = largest_chunk(g, per_position);
-      const int64_t entries = most.images * most.positions * g.offset_groups * K;
-      auto base = at::empty({entries}, typed.dtype(at::kLong));
-      auto weights = at::empty({4 * entries}, typed);
-      auto columns = at::empty({most.images * most.positions * layout.width}, typed);
-      for_each_chunk(g, per_position, [&](const Chunk& ch) {
+      const int64_t per_position =
+          layout.width * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
+      const ChunkPlan plan = plan_chunks(g, per_position);
+      const int64_t positions = plan.images * plan.rows * g.out_w;  // in the largest chunk
+      auto base = at::empty({positions * g.offset_groups * K}, typed.dtype(at::kLong));
+      auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);
+      auto columns = at::empty({positions * layout.width}, typed);
+      for_each_chunk(g, plan, [&](const Chunk& ch) {
         build_sample_table<T>(pb, ch, base.mutable_data_ptr<int64_t>(),
                               weights.mutable_data_ptr<T>());
         sample_columns<T>(pb, ch, base.const_data_ptr<int64_t>(), weights.const_data_ptr<T>(),
@@ -587,8 +610,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     const at::Tensor& weight, const std::optional<at::Tensor>& mask_in, at::IntArrayRef stride,
     at::IntArrayRef padding, at::IntArrayRef dilation, std::array<bool, 5> output_mask) {
   const Geometry g = workbook::deform_conv2d::check_backward_inputs(
-      grad_output, input, offset, weight, mask_in, stride, padding, dilation,
-      c10::DeviceType::CPU);
+      grad_output, input, offset, weight, mask_in, stride, padding, dilation, c10::DeviceType::CPU);
   const auto mask = defined_or_null(mask_in);
   const bool want_input = output_mask[0], want_offset = output_mask[1],
              want_weight = output_mask[2], want_bias = output_mask[3],
@@ -622,9 +644,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
 
   // Results in the compute type. grad_offset and grad_mask are written exactly once per element,
   // so they need no zero fill; grad_input is the padded channels-last accumulator.
-  const PaddedPlane plane(g);
   at::Tensor grad_input_c, grad_offset_c, grad_weight_c, grad_mask_c;
-  if (want_input) grad_input_c = at::zeros({g.batch, plane.size, g.in_channels}, typed);
   if (want_offset) {
     grad_offset_c = at::empty({g.batch, 2 * g.offset_groups * K, g.out_h, g.out_w}, typed);
   }
@@ -635,6 +655,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   }
 
   if (g.batch > 0) {
+    const PaddedPlane plane(g);
+    if (want_input) grad_input_c = at::zeros({g.batch, plane.size, g.in_channels}, typed);
     // Convert only what some pass reads: the input feeds im2col (for grad_weight) and the
     // offset pass; the weight feeds the grad-columns GEMM.
     const bool read_input = want_weight || want_offset || want_mask;
@@ -645,27 +667,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     const auto grad_output4 =
         grad_output_c.view({g.batch, g.groups, g.out_channels_per_group(), P});
     const auto grad_weight3 =
-        want_weight ? grad_weight_c.view({g.groups, g.out_channels_per_group(), -1})
-                    : at::Tensor();
+        want_weight
+            ? grad_weight_c.view({g.groups, g.out_channels_per_group(), K * g.channels_per_group()})
+            : at::Tensor();
     const ColumnLayout layout(g);
 
     AT_DISPATCH_FLOATING_TYPES(type, "deform_conv2d_backward_cpu", [&] {
       using T = scalar_t;
-      const Problem<T> pb{g, plane, &layout, read_input ? input_c.const_data_ptr<T>() : nullptr,
+      const Problem<T> pb{g,
+                          plane,
+                          &layout,
+                          read_input ? input_c.const_data_ptr<T>() : nullptr,
                           offset_c.const_data_ptr<T>(),
                           mask_c ? mask_c->const_data_ptr<T>() : nullptr};
-      const int64_t buffers = int64_t{want_weight} + int64_t{want_columns_grad};
-      const int64_t per_position = buffers * layout.width * static_cast<int64_t>(sizeof(T)) +
-                                   table_bytes_per_position<T>(g);
-      const Chunk most = largest_chunk(g, per_position);
-      const int64_t entries = most.images * most.positions * g.offset_groups * K;
-      const int64_t most_columns = most.images * most.positions * layout.width;
-      auto base = at::empty({entries}, options.dtype(at::kLong));
-      auto weights = at::empty({4 * entries}, typed);
-      auto columns = want_weight ? at::empty({most_columns}, typed) : at::Tensor();
-      auto grad_columns = want_columns_grad ? at::empty({most_columns}, typed) : at::Tensor();
+      // Per position: the columns (for grad_weight, with the chunk's grad_output beside them),
+      // the grad columns, the table.
+      const int64_t values = (want_weight ? layout.width + g.out_channels : 0) +
+                             (want_columns_grad ? layout.width : 0);
+      const int64_t per_position =
+          values * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
+      const ChunkPlan plan = plan_chunks(g, per_position);
+      const int64_t positions = plan.images * plan.rows * g.out_w;  // in the largest chunk
+      auto base = at::empty({positions * g.offset_groups * K}, options.dtype(at::kLong));
+      auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);
+      auto columns = want_weight ? at::empty({positions * layout.width}, typed) : at::Tensor();
+      auto grad_columns =
+          want_columns_grad ? at::empty({positions * layout.width}, typed) : at::Tensor();
 
-      for_each_chunk(g, per_position, [&](const Chunk& ch) {
+      for_each_chunk(g, plan, [&](const Chunk& ch) {
         const int64_t chunk_columns = ch.images * ch.positions * layout.width;
         const std::array<int64_t, 3> shape3{ch.images, ch.positions, layout.width};
         build_sample_table<T>(pb, ch, base.mutable_data_ptr<int64_t>(),
@@ -673,28 +702,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
         if (want_weight) {
           sample_columns<T>(pb, ch, base.const_data_ptr<int64_t>(), weights.const_data_ptr<T>(),
                             columns.mutable_data_ptr<T>());
-          weight_gradient_gemm(grad_weight3, grad_output4,
-                               columns.narrow(0, 0, chunk_columns).view(shape3), ch);
+          const auto grad_output_chunk =
+              grad_output_c.view({g.batch, g.out_channels, P})
+                  .narrow(0, ch.n0, ch.images)
+                  .narrow(2, ch.p0, ch.positions)
+                  .permute({1, 0, 2})
+                  .contiguous()
+                  .view({g.groups, g.out_channels_per_group(), ch.images * ch.positions});
+          weight_gradient_gemm(
+              grad_weight3, grad_output_chunk,
+              columns.narrow(0, 0, chunk_columns).view({ch.images * ch.positions, layout.width}));
         }
         if (!want_columns_grad) return;
         columns_gradient_gemm(weight3, grad_output4,
                               grad_columns.narrow(0, 0, chunk_columns).view(shape3), ch);
         if (want_input) {
           scatter_columns<T>(pb, ch, base.const_data_ptr<int64_t>(), weights.const_data_ptr<T>(),
-                             grad_columns.const_data_ptr<T>(),
-                             grad_input_c.mutable_data_ptr<T>());
+                             grad_columns.const_data_ptr<T>(), grad_input_c.mutable_data_ptr<T>());
         }
         if (want_offset || want_mask) {
-          offset_and_mask_gradients<T>(
-              pb, ch, base.const_data_ptr<int64_t>(), grad_columns.const_data_ptr<T>(),
-              want_offset ? grad_offset_c.mutable_data_ptr<T>() : nullptr,
-              want_mask ? grad_mask_c.mutable_data_ptr<T>() : nullptr);
+          offset_and_mask_gradients<T>(pb, ch, base.const_data_ptr<int64_t>(),
+                                       grad_columns.const_data_ptr<T>(),
+                                       want_offset ? grad_offset_c.mutable_data_ptr<T>() : nullptr,
+                                       want_mask ? grad_mask_c.mutable_data_ptr<T>() : nullptr);
         }
       });
     });
   }
 
-  if (want_input) grad_input = unpadded(grad_input_c, g, options);
+  if (want_input) {
+    grad_input = g.batch > 0 ? unpadded(grad_input_c, g, options)
+                             : at::empty({0, g.in_channels, g.height, g.width}, options);
+  }
   if (want_offset) grad_offset = grad_offset_c.to(input.scalar_type());
   if (want_weight) {
     grad_weight = at::empty(weight.sizes(), options);
