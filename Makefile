@@ -38,13 +38,14 @@ STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
-	lint gpu-check clean distclean env env-check $(STAGE_GOALS)
+	lint gpu-check test-template clean distclean env env-check $(STAGE_GOALS)
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
 	@echo
 	@echo "  make demo        build the stages this machine can build, check them, time them"
 	@echo "  make test        build everything and run the whole test suite"
+	@echo "  make test-template   new-stage and a copied stage, built and tested in a copy of the repo"
 	@echo "  make stage N     build stage N and run its tests, e.g. make stage 3"
 	@echo "  make diff N      the lesson of stage N: its files against the stage before, side by side in diff -u"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
@@ -91,6 +92,11 @@ stage: $(ENV_READY)
 test: $(ENV_READY)
 	@$(PY) -m workbook.build all
 	@$(PY) -m workbook.suite all
+
+# The template's own acceptance checks: `make new-stage` and a copied stage folder, each built and
+# tested in a copy of the repository (a few minutes). CI runs them after `make test`.
+test-template: $(ENV_READY)
+	@$(PY) -m pytest -q -rs -m template $(REPO)/tests
 
 # `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
 diff: $(ENV_READY)

@@ -25,25 +25,35 @@ from workbook import ops, stages
 from workbook.opspec import compare
 
 
+def smoke_op(stage: stages.Stage, module, name: str) -> bool:
+    spec = ops.get(name)
+    by_size = sorted(spec.cases, key=lambda c: math.prod(c.sizes.values()))
+    ok = True
+    for case in (spec.batch0(), by_size[0], by_size[len(by_size) // 2]):
+        for dtype in (torch.float32, torch.float16):
+            sample = spec.make(case, device="cuda", dtype=dtype)
+            try:
+                result = compare(getattr(module, name), spec, sample)
+            except NotImplementedError as error:  # stage 06's deform_conv2d: CPU kernels only
+                if "'CUDA' backend" not in str(error):
+                    raise
+                print(f"[gpu-smoke] {stage.label} {name}: no CUDA kernel in this stage, skipped",
+                      flush=True)
+                return True
+            torch.cuda.synchronize()
+            status = "ok" if result.ok else "MISMATCH"
+            print(f"[gpu-smoke] {stage.label} {name} {case.name} {dtype}: {status}", flush=True)
+            for failure in result.failures():
+                print(f"    {failure}")
+            ok &= result.ok
+    return ok
+
+
 def smoke_stage(number: int) -> bool:
     stage = stages.get(number)
     module = stage.load()
-    ok = True
-    for name in stage.ops:
-        spec = ops.get(name)
-        by_size = sorted(spec.cases, key=lambda c: math.prod(c.sizes.values()))
-        for case in (spec.batch0(), by_size[0], by_size[len(by_size) // 2]):
-            for dtype in (torch.float32, torch.float16):
-                sample = spec.make(case, device="cuda", dtype=dtype)
-                result = compare(getattr(module, name), spec, sample)
-                torch.cuda.synchronize()
-                status = "ok" if result.ok else "MISMATCH"
-                print(f"[gpu-smoke] {stage.label} {name} {case.name} {dtype}: {status}",
-                      flush=True)
-                for failure in result.failures():
-                    print(f"    {failure}")
-                ok &= result.ok
-    return ok
+    results = [smoke_op(stage, module, name) for name in stage.ops]  # each op, whatever the others
+    return all(results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from workbook import stages, testing
 
 
+@pytest.mark.template
 def test_new_stage_builds_and_passes_its_tests(tmp_path):
     copy = testing.working_copy(tmp_path / "repo")
     env = dict(os.environ, PYTHONPATH=str(copy / "common"), PYTHON=sys.executable,

@@ -74,6 +74,7 @@ def test_stage_toml_is_checked(tmp_path):
         stages.read(folder)
 
 
+@pytest.mark.template
 def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
     """The acceptance check of the template: copy a stage folder under a new number, and the
     build and the test suite take it up; the README table test fails until its row is added."""

@@ -204,7 +204,7 @@ def jit_dir(name: str) -> Path:
 def _sources(s: Stage) -> list[Path]:
     """Every file whose change must trigger a rebuild of stage s (its tests are not among them)."""
     patterns = ("*.cpp", "*.cu", "*.h", "*.cuh", "*.py")
-    files = [p for pat in patterns for p in s.source_dir.rglob(pat)
+    files = [p for folder in s.source_dirs for pat in patterns for p in folder.rglob(pat)
              if not p.name.startswith("test_")]
     files += [p for p in COMMON_INCLUDE.rglob("*") if p.is_file()]
     files.append(Path(__file__))

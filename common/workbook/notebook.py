@@ -136,7 +136,9 @@ def _cpp_definition(lines: list[str], name: str) -> tuple[int, int]:
         if end is None:
             break
         first = start
-        if first > 0 and lines[first - 1].lstrip().startswith("template"):
+        # Up over what belongs to the declaration: template <...>, __global__ and the like.
+        while first > 0 and lines[first - 1].lstrip().startswith(
+                ("template", "__global__", "__device__", "static", "inline", "[[")):
             first -= 1
         while first > 0 and lines[first - 1].lstrip().startswith("//"):
             first -= 1

@@ -9,6 +9,8 @@ A stage is a folder ``stages/NN_name/`` holding a ``stage.toml``:
     cuda = true                                # has CUDA sources (built where nvcc is found)
     cpu_fallback = true                        # with cuda: CPU-only build, not a skip, without nvcc
     production = true                          # `make install` installs the last such stage
+    sources_from = ["06_op_library"]           # other stage folders it compiles sources of
+                                               # (a change there rebuilds this stage too)
     lesson = [["04_cuda_raw/csrc/lltm_cuda.cu", "05_cuda_accessors/csrc/lltm_cuda.cu"]]
                                                # `make diff N`: file pairs (under stages/) whose
                                                # diff is the stage's lesson
@@ -40,7 +42,7 @@ FOLDER_NAME = re.compile(r"^(\d{2})_[a-z0-9_]+$")
 # The keys of stage.toml: name -> (type, required).
 _KEYS = {"title": (str, True), "package": (str, True), "ops": (list, True),
          "build": (str, True), "cuda": (bool, False), "cpu_fallback": (bool, False),
-         "production": (bool, False), "lesson": (list, False)}
+         "production": (bool, False), "lesson": (list, False), "sources_from": (list, False)}
 
 
 class StageError(ValueError):
@@ -64,7 +66,13 @@ class Stage:
     cpu_fallback: bool = False  # with cuda: builds CPU-only (instead of being skipped) without one
     production: bool = False  # a library to install (`make install` takes the last such stage)
     lesson: tuple[tuple[str, str], ...] = ()  # (before, after) file pairs, relative to stages/
+    sources_from: tuple[str, ...] = ()  # other stage folders whose sources it compiles
     source_dir: Path = dataclasses.field(default=STAGES_DIR, compare=False)
+
+    @property
+    def source_dirs(self) -> list[Path]:
+        """Its own folder and the folders it compiles sources from."""
+        return [self.source_dir, *(self.source_dir.parent / f for f in self.sources_from)]
 
     @property
     def build_dir(self) -> Path:
@@ -129,7 +137,8 @@ def read(folder: Path) -> Stage:
     return Stage(int(match.group(1)), folder.name, data["title"], data["package"],
                  tuple(data["ops"]), data["build"], data.get("cuda", False),
                  data.get("cpu_fallback", False), data.get("production", False),
-                 tuple(tuple(pair) for pair in lesson), folder)
+                 tuple(tuple(pair) for pair in lesson), tuple(data.get("sources_from", [])),
+                 folder)
 
 
 def discover(root: Path = STAGES_DIR) -> dict[int, Stage]:

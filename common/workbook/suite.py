@@ -4,6 +4,9 @@
     python -m workbook.suite 5            stage 5's tests alone      (make stage 5)
     python -m workbook.suite 5 -- -k opcheck -x                      (pytest options after --)
 
+The tests marked `template` (a stage generated or copied, then built and tested, in a copy of
+the repository: minutes each) are left to `make test-template`.
+
 Why a process per stage: a stage's package, and the op namespace a torch.library stage
 registers, load once per process. Stages 06 and 07 both build `extops`, and a stage copied under
 a new number builds its original's package again; each is tested in a process of its own. Each
@@ -32,6 +35,7 @@ SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*) in [\d.]+s")
 class Part:
     label: str
     paths: list[Path]
+    options: list[str] = dataclasses.field(default_factory=list)
     exit_code: int = -1
     summary: str = ""
     seconds: float = 0.0
@@ -47,7 +51,8 @@ def run_part(part: Part, extra: list[str]) -> Part:
           flush=True)
     start = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with subprocess.Popen([*PYTEST, *map(str, part.paths), *extra], cwd=REPO, env=env,
+    with subprocess.Popen([*PYTEST, *map(str, part.paths), *part.options, *extra], cwd=REPO,
+                          env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
             print(line, end="", flush=True)
@@ -69,7 +74,8 @@ def parts_for(targets: list[str]) -> list[Part]:
     """'all': every stage then tests/; else the stages named (numbers or folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
-        extra = [Part("tests/ (tools, notebooks, benchmark, template)", [REPO / "tests"])]
+        extra = [Part("tests/ (tools, notebooks, benchmark)", [REPO / "tests"],
+                      ["-m", "not template"])]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra

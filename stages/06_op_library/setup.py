@@ -1,7 +1,10 @@
 """Build or install stage 06, the `extops` library.
 
-    make stage 6                                           build under build/ and test
-    make install    (pip install --no-build-isolation ./stages/06_op_library)    import extops
+    make stage 6                                                 build under build/ and test
+    pip install --no-build-isolation ./stages/06_op_library     then: import extops
+
+(Stage 07 builds these same sources with the deformable convolution's CUDA kernels added: that is
+the production library `make install` installs.)
 
 The sources are found, not listed: every .cpp under csrc/ goes into the library, and every .cu
 too where a CUDA toolkit is found, so an op is added by adding its folder (csrc/<op>/<op>.cpp for

@@ -11,7 +11,8 @@
 The ops are torch.ops.extops.* (schemas in csrc/<op>/<op>.cpp): they work under autograd,
 torch.compile(fullgraph=True) and on meta tensors. One Python module per op (extops/lltm.py,
 extops/deform_conv2d.py) holds its fake kernel, autograd formula, functional form and modules.
-Built from the workbook's stage 06; this package needs only torch at run time.
+Built from the workbook's stage 06 (CPU kernels for deform_conv2d) or stage 07 (CUDA ones too,
+the production build); the package needs only torch at run time.
 """
 
 import torch  # noqa: F401  (loads libtorch, which the extension library links against)

@@ -1,0 +1,80 @@
+"""Build or install stage 07, the production `extops` library: stage 06's sources plus the CUDA
+kernels of the deformable convolution.
+
+    make stage 7                                           build under build/ and test
+    make install    (pip install --no-build-isolation ./stages/07_cuda_library)    import extops
+
+Why this folder holds one source file: stage 07 differs from stage 06 by
+csrc/deform_conv2d/cuda/deform_conv2d_cuda.cu alone. A copy of stage 06's schemas, CPU kernels,
+LLTM and Python package would be the same files twice, to keep in step by hand, and `diff -ru`
+against stage 06 would show nothing but that .cu file anyway; so the library is built from
+stage 06's files where they are (../06_op_library/csrc and ../06_op_library/extops) and this
+folder's csrc/. The sources are found, not listed: every .cpp under ../06_op_library/csrc, and,
+where a CUDA toolkit is found, every .cu under ../06_op_library/csrc and ./csrc. Without a
+toolkit the library is built CPU-only (stage 06's CPU kernels), and says so.
+
+--no-build-isolation builds against the torch already installed (an isolated build would fetch
+another torch, whose ABI need not match). The workbook's build helpers (common/workbook) are used
+at build time only: the installed package needs torch alone.
+"""
+
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+from workbook import build, toolkit
+
+found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+STAGE_06 = HERE.parent / "06_op_library"
+
+
+def sources(folder: Path, pattern: str) -> list[str]:
+    """The files matching `pattern` under `folder`, relative to this folder (setuptools wants
+    relative paths): ../06_op_library/csrc/... for stage 06's, csrc/... for this stage's."""
+    return sorted(os.path.relpath(p, HERE) for p in folder.glob(pattern))
+
+
+cpp_sources = sources(STAGE_06 / "csrc", "**/*.cpp")
+cuda_sources = sources(STAGE_06 / "csrc", "**/*.cu") + sources(HERE / "csrc", "**/*.cu")
+
+# The CPU kernels run on at::parallel_for, which is OpenMP inside torch's headers (without
+# -fopenmp it compiles to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
+cxx_flags = build.cxx_flags() + build.openmp_flags() + build.cpu_simd_flags()
+if found:
+    print(f"building extops with CUDA kernels ({len(cuda_sources)} .cu files): {found}, for "
+          f"TORCH_CUDA_ARCH_LIST={build.cuda_arch_list()}")
+    extension = CUDAExtension(
+        "extops._C",
+        cpp_sources + cuda_sources,
+        include_dirs=build.include_dirs(),
+        extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
+        extra_link_args=build.openmp_flags(),
+    )
+else:
+    print(f"CUDA toolkit not found ({toolkit.reason()}): building extops CPU-only, without "
+          f"{', '.join(cuda_sources)}")
+    extension = CppExtension(
+        "extops._C",
+        cpp_sources,
+        include_dirs=build.include_dirs(),
+        extra_compile_args=cxx_flags,
+        extra_link_args=build.openmp_flags(),
+    )
+
+setup(
+    name="extops",
+    version="0.1.0",
+    description="Custom PyTorch ops with CPU and CUDA kernels: the LLTM cell, deformable "
+    "convolution v2",
+    packages=["extops"],
+    package_dir={"extops": "../06_op_library/extops"},
+    install_requires=["torch"],
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildExtension},
+    options=build.setup_options(__file__),
+)
