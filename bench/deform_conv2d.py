@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from bench import harness
 from bench.harness import Config, Impl, Plan, Target
-from workbook import ops, reference, stages
+from workbook import ops, opspec, reference, stages
 from workbook.ops.deform_conv2d import TORCHVISION as TORCHVISION_SIZES
 from workbook.opspec import Case, Sample
 
@@ -114,8 +114,47 @@ def conv2d_sample(config: Config, device: str) -> Sample:
                   arg_names=("input", "weight", "bias"))
 
 
+def measured_stages() -> list[stages.Stage]:
+    """The stages this benchmark measures: of the stages building one package (06 and 07 both
+    build `extops`), the last, which is the one a process can load (stage 07 compiles stage 06's
+    CPU kernel unchanged, so on the CPU its numbers are stage 06's)."""
+    providers = stages.providing("deform_conv2d")
+    return [s for k, s in enumerate(providers)
+            if not any(later.package == s.package for later in providers[k + 1:])]
+
+
+def deterministic_runners(s: stages.Stage):
+    """A stage's op with torch.use_deterministic_algorithms(True) around each call, forward and
+    backward: the cost of the reproducible backward. A reference line: the tests check its
+    results (bitwise over three runs, and against the CPU)."""
+    def runners(config: Config, device: str, phases) -> harness.Runners:
+        made = sample(config, device, torch.float32)
+        with torch.no_grad():
+            outputs = opspec.as_tuple(made.call(s.load().deform_conv2d))
+        plain = harness.phase_runners(s.load().deform_conv2d, made, opspec.random_like(outputs),
+                                      phases)
+
+        def deterministic(run):
+            def call():
+                torch.use_deterministic_algorithms(True)
+                try:
+                    return run()
+                finally:
+                    torch.use_deterministic_algorithms(False)
+            return call
+
+        return {phase: deterministic(run) for phase, run in plain.items()}
+    return runners
+
+
 def implementations(device: str) -> list[Impl]:
     impls = []
+    if device == "cuda":
+        for s in measured_stages():
+            if "cuda" in s.devices:
+                impls.append(Impl(f"{harness.stage_key(s)}_deterministic",
+                                  f"stage {s.folder}, deterministic backward",
+                                  runners=deterministic_runners(s)))
     try:
         import torchvision.ops
 
@@ -136,7 +175,7 @@ def implementations(device: str) -> list[Impl]:
 
 def targets(device: str) -> list[Target]:
     out = []
-    for s in stages.providing("deform_conv2d"):
+    for s in measured_stages():
         key, name = harness.stage_key(s), f"stage {s.number:02d}"
         out += [
             Target(f"{name} forward + backward >= 10x torchvision", "main", key, "torchvision",
@@ -155,6 +194,69 @@ def targets(device: str) -> list[Target]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# GPU: the sampling kernel's bandwidth against a copy
+
+
+def sampling_bandwidth(run: harness.DeviceRun) -> None:
+    """GB/s of the forward's sampling kernel (im2col) at the large configuration, against a
+    device-to-device copy of the same bytes, both from torch.profiler kernel times.
+
+    Bytes: the columns it writes (C kh kw x N Ho Wo values) plus what it must read at least once:
+    the input, the offsets and the mask. Its four gathers per value mostly hit L2 (neighbouring
+    positions share corners), so the columns' store dominates: near a copy's rate is its ceiling.
+    """
+    if run.device != "cuda":
+        return
+    config = next((c for c in run.plan.configs if c.name == "large"), None)
+    if config is None:
+        return
+    made = sample(config, run.device, run.dtype)
+    x, offset, weight = made.args[:3]
+    itemsize = x.element_size()
+    values = (weight.shape[1] * (x.shape[1] // weight.shape[1]) * weight.shape[2] * weight.shape[3]
+              * offset.shape[0] * offset.shape[2] * offset.shape[3])
+    mask = made.kwargs.get("mask")
+    moved = itemsize * (values + x.numel() + offset.numel() + (mask.numel() if mask is not None
+                                                                   else 0))
+    out = {"config": config.name, "bytes": moved,
+           "copy": harness.copy_bandwidth(run, moved // (2 * itemsize)), "kernels": {}}
+    for s in measured_stages():
+        if "cuda" not in s.devices:
+            continue
+        fn = s.load().deform_conv2d
+        rows = harness.profile_rows(lambda: made.call(fn), run.device, run.plan.profile_iters)
+        sampling = [r for r in rows if r["kind"] == "kernel" and "sample_columns" in r["name"]]
+        us = sum(r["us_per_call"] for r in sampling)
+        gbps = moved / us / 1e3 if us else None
+        copy = out["copy"]["GBps"]
+        out["kernels"][harness.stage_key(s)] = {
+            "label": f"stage {s.folder}", "kernel_us": us, "GBps": gbps,
+            "fraction_of_copy": gbps / copy if gbps and copy else None,
+            "kernels": [harness.short_name(r["name"]) for r in sampling]}
+        run.log(f"  sampling kernel of {s.folder}: {us:.1f} us, {gbps or 0:.0f} GB/s against a "
+                f"copy's {copy or 0:.0f} GB/s")
+    run.report["sampling_bandwidth"] = out
+
+
+def sampling_bandwidth_section(report: dict) -> list[str]:
+    bw = report.get("sampling_bandwidth")
+    if not bw:
+        return []
+    copy = bw["copy"]
+    lines = [f"## The sampling kernel's bandwidth ({bw['config']} configuration)", "",
+             f"Bytes: the columns written plus the input, offsets and mask read once: "
+             f"{bw['bytes'] / 1e6:.1f} MB. A device-to-device copy of as many bytes: "
+             f"{copy['kernel_us']:.1f} us, **{copy['GBps'] or 0:.0f} GB/s**.", "",
+             "| implementation | kernel | time | GB/s | of copy |", "|---|---|--:|--:|--:|"]
+    for entry in bw["kernels"].values():
+        frac = entry.get("fraction_of_copy")
+        lines.append(f"| {entry['label']} | {', '.join(entry['kernels']) or '-'} | "
+                     f"{entry['kernel_us']:.1f} us | {entry['GBps'] or 0:.0f} | "
+                     f"{f'{frac:.0%}' if frac else '-'} |")
+    return lines + [""]
+
+
 BENCH = harness.OpBench(
     op="deform_conv2d",
     title="Deformable convolution benchmark",
@@ -167,4 +269,6 @@ BENCH = harness.OpBench(
     targets=targets,
     floor="conv2d",
     floor_phrase="F.conv2d of the same shape",
+    measure_extra=sampling_bandwidth,
+    markdown_extra=sampling_bandwidth_section,
 )

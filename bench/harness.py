@@ -359,6 +359,20 @@ def phase_runners(fn: Callable, sample: opspec.Sample, grad_outputs: Sequence[to
     return runners
 
 
+def copy_bandwidth(run: DeviceRun, values: int) -> dict:
+    """A device-to-device copy of `values` elements (read once, written once), timed from
+    torch.profiler's kernel records like the kernels it is compared with: the ceiling a
+    memory-bound kernel is read against."""
+    src = torch.rand(values, device=run.device, dtype=run.dtype)
+    dst = torch.empty_like(src)
+    rows = profile_rows(lambda: dst.copy_(src), run.device, run.plan.profile_iters)
+    kernel_us = sum(r["us_per_call"] for r in rows if r["kind"] == "kernel")
+    moved = 2 * values * src.element_size()
+    return {"bytes": moved, "kernel_us": kernel_us,
+            "GBps": moved / kernel_us / 1e3 if kernel_us else None,
+            "kernels": [r["name"] for r in rows if r["kind"] == "kernel"]}
+
+
 def sample_runners(fn: Callable, make_sample: Callable[[Config, str], opspec.Sample]):
     """A reference line's `runners` for a plain function on inputs of its own (F.conv2d at the
     op's shape): timed like an implementation, never compared with the op's reference."""

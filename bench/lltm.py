@@ -147,7 +147,8 @@ def bandwidth(run: harness.DeviceRun) -> None:
     itemsize = torch.tensor([], dtype=run.dtype).element_size()
     out = {"config": config.name, "elements": elements, "element_size_B": itemsize,
            "bytes_per_element": {p: v * itemsize for p, v in VALUES_PER_ELEMENT.items()},
-           "copy": copy_bandwidth(run, elements), "kernels": {}}
+           "copy": harness.copy_bandwidth(run, elements * VALUES_PER_ELEMENT["forward"] // 2),
+           "kernels": {}}
     run.log(f"\n[bench] cuda bandwidth at {config.describe()}: device-to-device copy of "
             f"{out['copy']['bytes'] / 1e6:.0f} MB: {out['copy']['kernel_us']:.1f} us, "
             f"{out['copy']['GBps'] or 0:.0f} GB/s")
@@ -157,19 +158,6 @@ def bandwidth(run: harness.DeviceRun) -> None:
         if impl.key.startswith("stage"):
             out["kernels"][impl.key] = fused_kernels(run, impl, config, inputs, grads, out)
     run.report["bandwidth"] = out
-
-
-def copy_bandwidth(run: harness.DeviceRun, elements: int) -> dict:
-    """A buffer of half the forward's traffic, read once and written once."""
-    values = elements * VALUES_PER_ELEMENT["forward"] // 2
-    src = torch.rand(values, device=run.device, dtype=run.dtype)
-    dst = torch.empty_like(src)
-    rows = harness.profile_rows(lambda: dst.copy_(src), run.device, run.plan.profile_iters)
-    kernel_us = sum(r["us_per_call"] for r in rows if r["kind"] == "kernel")
-    moved = 2 * values * src.element_size()
-    return {"bytes": moved, "kernel_us": kernel_us,
-            "GBps": moved / kernel_us / 1e3 if kernel_us else None,
-            "kernels": [r["name"] for r in rows if r["kind"] == "kernel"]}
 
 
 def fused_kernels(run, impl, config, inputs, grads, out) -> dict:
