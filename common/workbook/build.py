@@ -10,9 +10,11 @@ is built and imported:
   ``WORKBOOK_CXX11_ABI=0|1``);
 * ``MAX_JOBS`` is honoured; when unset, it defaults to the number of cores;
 * CUDA stages build with the toolkit `workbook.toolkit` finds (``CUDA_HOME`` is set for torch),
-  for the GPUs that are visible, or for sm_90 when none is (``TORCH_CUDA_ARCH_LIST``); where no
-  toolkit is found they are skipped with the reason, or built CPU-only where their stage.toml
-  says ``cpu_fallback = true``.
+  for the GPUs that are visible, or for sm_90 plus its PTX when none is
+  (``TORCH_CUDA_ARCH_LIST``); where no toolkit is found they are skipped with the reason, or
+  built CPU-only where their stage.toml says ``cpu_fallback = true``;
+* a built library records what it was built with (torch, flags, GPU architectures, CPU
+  instruction set): a change of any of them rebuilds it, as a change of a source does.
 
 The stages themselves are found on disk by `workbook.stages`. ``python -m workbook.build 1``
 builds stage 1 by hand; ``python -m workbook.build all`` builds every stage.
@@ -141,10 +143,17 @@ def nvcc_flags() -> list[str]:
 
 
 def cuda_arch_list() -> str:
-    """TORCH_CUDA_ARCH_LIST: as set, else the visible GPUs' architectures, else 9.0 (Hopper).
+    """TORCH_CUDA_ARCH_LIST: as set, else the visible GPUs' architectures, else "9.0+PTX".
 
     Without it, torch compiles for the visible GPUs or, with none visible, for every
     architecture it supports: slow, and pointless on a build machine with no GPU.
+
+    With GPUs visible, the library holds machine code (SASS) for exactly their architectures.
+    With none, it is built for Hopper (sm_90, the H100 and H200) plus the PTX of compute_90:
+    SASS runs only on its own GPU generation (sm_90 code does not load on an sm_100 Blackwell or
+    an sm_80 Ampere: "no kernel image is available"), while PTX is compiled by the driver, on
+    first use, for any GPU of compute capability 9.0 or newer. A GPU older than 9.0 needs a
+    build for it: set TORCH_CUDA_ARCH_LIST (say "8.0;8.6"), or build where it is visible.
     """
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         return os.environ["TORCH_CUDA_ARCH_LIST"]
@@ -153,7 +162,7 @@ def cuda_arch_list() -> str:
     if torch.cuda.is_available():
         archs = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
         return ";".join(f"{major}.{minor}" for major, minor in sorted(archs))
-    return "9.0"
+    return "9.0+PTX"
 
 
 def cuda_toolkit():
@@ -225,15 +234,27 @@ def _toolkit_stamp(s: Stage) -> Path:
     return s.build_dir / "cuda_toolkit.txt"
 
 
-def build_record() -> str:
-    """What a library is built with; a stage whose record differs from this is out of date.
+def build_record(s: Stage | None = None) -> str:
+    """What stage s's library is built with; a stage whose record differs from this is out of
+    date.
 
     Mtimes alone miss a change of flags: a library built with WORKBOOK_CXX11_ABI=0 would still
-    look up to date once the switch is unset, and so would one built against another torch.
+    look up to date once the switch is unset, and so would one built against another torch, for
+    another GPU (TORCH_CUDA_ARCH_LIST: a library for sm_90 has no kernel an sm_80 GPU can run) or
+    for another CPU (cpu_simd_flags(): an AVX-512 build dies with "illegal instruction" on an
+    AVX2 machine). The architectures are recorded for a CUDA stage only, as its build uses them
+    ("none" when it builds CPU-only, without a toolkit); the SIMD flags for every stage, which
+    costs a stage that does not use them a rebuild on another CPU, and nothing else.
     """
     import torch
 
-    return f"torch {torch.__version__}\ncxx_flags {' '.join(cxx_flags())}\n"
+    record = (f"torch {torch.__version__}\ncxx_flags {' '.join(cxx_flags())}\n"
+              f"cpu_simd_flags {' '.join(cpu_simd_flags()) or 'none'}\n")
+    if s is not None and s.cuda:
+        found = cuda_toolkit()  # sets TORCH_CUDA_ARCH_LIST, as the build does
+        record += (f"cuda_arch_list {cuda_arch_list()}\nnvcc_flags {' '.join(nvcc_flags())}\n"
+                   if found else "cuda_arch_list none (CPU-only build)\n")
+    return record
 
 
 def _record_file(s: Stage) -> Path:
@@ -246,7 +267,7 @@ def is_up_to_date(s: Stage) -> bool:
     if not libs:
         return False
     record = _record_file(s)
-    if not record.is_file() or record.read_text() != build_record():
+    if not record.is_file() or record.read_text() != build_record(s):
         return False
     if s.cuda:
         stamp = _toolkit_stamp(s)
@@ -308,7 +329,7 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
         )
     if s.cuda:
         _toolkit_stamp(s).write_text(_toolkit_used(s))
-    _record_file(s).write_text(build_record())
+    _record_file(s).write_text(build_record(s))
     if not quiet:
         print(f"[build] stage {s.number} ({s.folder}) built in {time.perf_counter() - start:.1f} s")
     return s.lib_dir

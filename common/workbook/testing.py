@@ -337,3 +337,34 @@ def working_copy(destination):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return destination
+
+
+# ----------------------------------------------------------------------------------------------
+# Past 2^31 elements: opt-in (WORKBOOK_HUGE_TESTS=1), on a GPU with the memory
+
+
+def huge_reason(gigabytes: float) -> str | None:
+    """Why the opt-in test past 2^31 elements does not run here, or None when it does."""
+    how = (f"opt-in: WORKBOOK_HUGE_TESTS=1 runs it (tensors past 2^31 elements, on a GPU with at "
+           f"least {gigabytes} GB of memory)")
+    import os
+
+    if os.environ.get("WORKBOOK_HUGE_TESTS") != "1":
+        return how
+    if NO_CUDA is not None:
+        return f"{NO_CUDA}; {how}"
+    total = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return f"this GPU has {total:.0f} GB; {how}" if total < gigabytes else None
+
+
+def assert_rows_close(what: str, rows: slice, actual: torch.Tensor, expected: torch.Tensor,
+                      tolerance: tuple[float, float]) -> None:
+    """opspec.compare's criterion, |a - e| <= atol max(1, max |e|) + rtol |e|, on one chunk along
+    the first dimension (rows of a matrix, images of a batch; a NaN fails it): for outputs too
+    large to compare in float64 at once."""
+    rtol, atol = tolerance
+    error = (actual.double() - expected).abs()
+    allowed = atol * max(1.0, expected.abs().max().item()) + rtol * expected.abs()
+    bad = ~(error <= allowed)
+    assert not bad.any(), (f"{what}, rows {rows.start}-{rows.stop - 1}: {int(bad.sum())} elements "
+                           f"off, max |error| {error.max().item():.3g}")

@@ -2,7 +2,8 @@
 
 Needs nvcc (a CUDA toolkit matching torch's CUDA version), not a GPU: the build helper finds the
 toolkit and sets CUDA_HOME before torch.utils.cpp_extension is imported, and compiles for the
-visible GPUs or, with none, for sm_90. The build goes under the repository's build/ folder.
+visible GPUs or, with none, for sm_90 with PTX (9.0+PTX). The build goes under the
+repository's build/ folder.
 """
 
 import sys

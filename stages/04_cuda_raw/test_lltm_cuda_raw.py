@@ -3,8 +3,11 @@
 Everywhere nvcc is found, the stage must compile, link and import, and refuse CPU tensors with a
 clear error. With a GPU, the kernels are also checked in every dtype, at state sizes that are not
 a multiple of the block size, against the CPU extension of stage 02 (the same C++ front), and
-under CUDA graph capture. Without nvcc every test is skipped with the reason.
+under CUDA graph capture, and at the edges of the launch: empty tensors (no launch), state 1,
+batches past 65535 rows; opt-in (WORKBOOK_HUGE_TESTS=1), past 2^31 elements in bfloat16. Without
+nvcc every test is skipped with the reason.
 """
+
 
 import pytest
 import torch
@@ -90,3 +93,24 @@ def test_runs_on_the_current_stream_under_graph_capture():
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
     testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
+
+
+# -- edge cases of the launch configuration (issue 14) ---------------------------------------------
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, CUDA, cases=lltm_op.CUDA_EDGE_CASES,
+                                             batch0=False))
+def test_edge_cases(p):
+    # Empty tensors (no launch), state 0 and 1, and batches past 65535 rows.
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+# -- past 2^31 elements: opt-in ------------------------------------------------------------------
+
+HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.check_past_2_31_elements
+
+
+@pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
+                    reason=testing.huge_reason(HUGE_GIGABYTES) or "")
+def test_past_2_31_elements_in_bfloat16_row_by_row():
+    lltm_op.check_past_2_31_elements(lltm)

@@ -4,8 +4,10 @@ On every machine: the CPU kernels against the float64 reference in all four dtyp
 every sample, every bad input also through the fake kernel (meta tensors), torch.compile
 (fullgraph=True) against eager, and a package that imports without the workbook. With nvcc the
 CUDA kernels must be compiled in; with a GPU they are checked like the CPU ones, against the CPU,
-and under CUDA graphs.
+and under CUDA graphs, and at the edges of the launch (empty tensors, state 1, batches past the
+row loop's 65535 blocks; opt-in with WORKBOOK_HUGE_TESTS=1, past 2^31 elements in bfloat16).
 """
+
 
 import pytest
 import torch
@@ -171,3 +173,36 @@ def test_compile_reduce_overhead_on_cuda():
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
     testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
+
+
+# -- edge cases of the launch configuration (issue 14) ---------------------------------------------
+
+
+# Empty tensors (no launch), state 0 and 1, and batches past 65535 blocks of rows (the row loop);
+# the CPU kernel runs the small ones.
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], cases=lltm_op.CPU_EDGE_CASES,
+                                             batch0=False) +
+                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_EDGE_CASES,
+                                        batch0=False))
+def test_edge_cases(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64],
+                                             cases=lltm_op.CPU_EDGE_CASES, batch0=False))
+def test_opcheck_edge_cases(p):
+    package()
+    testing.check_opcheck(torch.ops.lltm.forward.default, p.sample(SPEC))
+    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.lltm.forward, requires_grad=False)
+    testing.check_opcheck(torch.ops.lltm.backward.default, sample)
+
+
+# -- past 2^31 elements: opt-in ------------------------------------------------------------------
+
+HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.check_past_2_31_elements
+
+
+@pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
+                    reason=testing.huge_reason(HUGE_GIGABYTES) or "")
+def test_past_2_31_elements_in_bfloat16_row_by_row():
+    lltm_op.check_past_2_31_elements(lltm)

@@ -3,8 +3,10 @@
 The op moved into a library unchanged in behaviour, so it passes what stage 05's passes: the CPU
 kernels against the float64 reference in all four dtypes, opcheck on every sample, every bad
 input also through the fake kernel, torch.compile against eager, the package alone; on a GPU,
-the CUDA kernels likewise. The deformable convolution's tests are test_deform_conv2d.py.
+the CUDA kernels likewise, edge cases of the launch included. The deformable convolution's
+tests are test_deform_conv2d.py.
 """
+
 
 import pytest
 import torch
@@ -171,3 +173,37 @@ def test_compile_reduce_overhead_on_cuda():
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
     testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
+
+
+# -- edge cases of the launch configuration (issue 14) ---------------------------------------------
+
+
+# Empty tensors (no launch), state 0 and 1, and batches past 65535 blocks of rows (the row loop);
+# the CPU kernel runs the small ones.
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], cases=lltm_op.CPU_EDGE_CASES,
+                                             batch0=False) +
+                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_EDGE_CASES,
+                                        batch0=False))
+def test_edge_cases(p):
+    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64],
+                                             cases=lltm_op.CPU_EDGE_CASES, batch0=False))
+def test_opcheck_edge_cases(p):
+    package()
+    testing.check_opcheck(torch.ops.extops.lltm_forward.default, p.sample(SPEC))
+    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.extops.lltm_forward,
+                                     requires_grad=False)
+    testing.check_opcheck(torch.ops.extops.lltm_backward.default, sample)
+
+
+# -- past 2^31 elements: opt-in ------------------------------------------------------------------
+
+HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.check_past_2_31_elements
+
+
+@pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
+                    reason=testing.huge_reason(HUGE_GIGABYTES) or "")
+def test_past_2_31_elements_in_bfloat16_row_by_row():
+    lltm_op.check_past_2_31_elements(lltm)

@@ -9,7 +9,8 @@ CPU, on CUDA; where a test runs the backward, in both of its modes (`backward_mo
 default, atomic one, and the one torch.use_deterministic_algorithms(True) selects); against the
 CPU kernel on inputs large enough to be cut into chunks (of whole images, and of rows of one
 image); the deterministic backward bitwise the same over three runs; every bad input, a tensor
-left on the CPU included; CUDA graph capture; torch.compile; an input past 2^31 elements.
+left on the CPU included; CUDA graph capture; torch.compile; an input past 2^31 elements (and,
+opt-in with WORKBOOK_HUGE_TESTS=1, one in bfloat16 checked image by image in float64).
 torchvision, grid_sample and conv2d are compared in the default mode only (their own backward
 kernels are not all deterministic), and only the torchvision comparisons need torchvision.
 """
@@ -466,6 +467,76 @@ def check_input_past_2_31_elements() -> None:
 @requires_40_gb
 def test_input_past_2_31_elements(backward_mode):
     check_input_past_2_31_elements()
+
+
+# -- past 2^31 elements in bfloat16, checked image by image: opt-in --------------------------------
+
+# 65600 images of 32 x 32 x 32: the input has 2^31 + 2.1M elements, its last 64 images lie past
+# 2^31, and every kernel runs its 64-bit index path. 3 x 3, stride 2, two offset groups, a mask.
+HUGE_CASE = Case("b65600_c32_o8_32x32_k3_s2_og2", {
+    "batch": 65536 + 64, "in_channels": 32, "out_channels": 8, "offset_groups": 2, "height": 32,
+    "width": 32, "kernel_h": 3, "kernel_w": 3, "stride_h": 2, "stride_w": 2, "pad_h": 1,
+    "pad_w": 1}, full_gradcheck=False)
+HUGE_GIGABYTES = 40  # an estimated peak of 25 GB: see check_past_2_31_elements_bfloat16
+
+
+def check_past_2_31_elements_bfloat16(fn, case=HUGE_CASE, device="cuda", images=512) -> None:
+    """fn forward and backward once in bfloat16 on `case`, drawn on the device as the
+    descriptor's make() draws (offsets between pixel lines, mask in [0, 1)), then the output and
+    every gradient against the float64 reference, `images` images at a time (a float64 copy of
+    the whole would not fit); the weight's and bias' gradients, sums over the batch, are summed
+    chunk by chunk in float64. Peak on the GPU: the input and its gradient (4.3 GB each, plus a
+    float32 accumulator of 8.6 GB), offsets, mask and their gradients (3.6 GB), the column
+    buffers (under 1 GB): about 25 GB."""
+    s = case.sizes
+    n, c, o, g = s["batch"], s["in_channels"], s["out_channels"], s["offset_groups"]
+    taps = g * s["kernel_h"] * s["kernel_w"]
+    out_h, out_w = deform_op.out_size(case)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def uniform(*shape, low=-1.0, high=1.0, between_pixels=False):
+        t = torch.empty(shape, device=device).uniform_(low, high, generator=gen)
+        if between_pixels:  # fractional part in [0.1, 0.9], as make() keeps it
+            t = t.floor() + 0.1 + 0.8 * (t - t.floor())
+        return t.to(torch.bfloat16).requires_grad_()
+
+    bound = (c * s["kernel_h"] * s["kernel_w"]) ** -0.5
+    input = uniform(n, c, s["height"], s["width"])
+    assert input.numel() > 2**31
+    offset = uniform(n, 2 * taps, out_h, out_w, low=-2.5, high=2.5, between_pixels=True)
+    weight = uniform(o, c, s["kernel_h"], s["kernel_w"], low=-bound, high=bound)
+    bias = uniform(o, low=-bound, high=bound)
+    mask = uniform(n, taps, out_h, out_w, low=0.0)
+    geometry = {"stride": (s["stride_h"], s["stride_w"]), "padding": (s["pad_h"], s["pad_w"])}
+    out = fn(input, offset, weight, bias, mask=mask, **geometry)
+    grad = torch.empty_like(out).uniform_(-1, 1, generator=gen)
+    grads = torch.autograd.grad(out, (input, offset, weight, bias, mask), grad)
+    out = out.detach()
+    tolerance = SPEC.tolerance(torch.bfloat16)
+    weight64, bias64 = (t.detach().double().requires_grad_() for t in (weight, bias))
+    sums = [torch.zeros_like(weight64), torch.zeros_like(bias64)]
+    for start in range(0, n, images):
+        part = slice(start, min(start + images, n))
+        x, off, m = (t.detach()[part].double().requires_grad_() for t in (input, offset, mask))
+        expected = SPEC.reference(x, off, weight64, bias64, mask=m, **geometry)
+        expected_grads = torch.autograd.grad(expected, (x, off, weight64, bias64, m),
+                                             grad[part].double())
+        for what, actual, wanted in (("output", out[part], expected),
+                                     ("gradient of input", grads[0][part], expected_grads[0]),
+                                     ("gradient of offset", grads[1][part], expected_grads[1]),
+                                     ("gradient of mask", grads[4][part], expected_grads[4])):
+            testing.assert_rows_close(what, part, actual, wanted.detach(), tolerance)
+        sums[0] += expected_grads[2]
+        sums[1] += expected_grads[3]
+    everything = slice(0, n)
+    testing.assert_rows_close("gradient of weight", everything, grads[2], sums[0], tolerance)
+    testing.assert_rows_close("gradient of bias", everything, grads[3], sums[1], tolerance)
+
+
+@pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
+                    reason=testing.huge_reason(HUGE_GIGABYTES) or "")
+def test_past_2_31_elements_in_bfloat16_image_by_image(backward_mode):
+    check_past_2_31_elements_bfloat16(deform_conv2d)
 
 
 # -- the modules -----------------------------------------------------------------------------------

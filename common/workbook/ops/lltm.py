@@ -212,3 +212,75 @@ def check_not_a_tensor_raises(fn) -> None:
     x, w, b, h, c = inputs(2, 3, 4, requires_grad=False)
     with pytest.raises(TypeError, match="`old_h` must be a tensor, got list"):
         fn(x, w, b, [[0.0] * 4] * 2, c)
+
+
+# The launch configurations no other case reaches, for every CUDA kernel (issue 14): empty
+# tensors (the launchers return before launching, as a grid of 0 blocks is an invalid launch),
+# state 1, and batches past CUDA's 65535 blocks in y. Stages 05 and 06 stack rows in a block (8
+# at state <= 32, 1 from state 225), so their row loop over gridDim.y runs from batch
+# 65535 x 8 + 1 at state 3 and from 65536 at state 257. Stage 04's flat grid has blocks to spare.
+CUDA_EDGE_CASES = (
+    Case("b0_f3_s257", {"batch": 0, "features": 3, "state": 257}, full_gradcheck=False),
+    Case("b3_f4_s0", {"batch": 3, "features": 4, "state": 0}),
+    Case("b0_f4_s0", {"batch": 0, "features": 4, "state": 0}),
+    Case("b4_f3_s1", {"batch": 4, "features": 3, "state": 1}),
+    Case("b70000_f2_s3", {"batch": 70000, "features": 2, "state": 3}, full_gradcheck=False),
+    Case("b600000_f1_s3", {"batch": 600_000, "features": 1, "state": 3}, full_gradcheck=False),
+    Case("b65536_f3_s257", {"batch": 65536, "features": 3, "state": 257}, full_gradcheck=False),
+)
+
+# The edge cases the CPU kernels run too: state 0 and state 1 (batch 0 is in every params()).
+CPU_EDGE_CASES = CUDA_EDGE_CASES[1:4]
+
+# The opt-in case past 2^31 elements (WORKBOOK_HUGE_TESTS=1, bfloat16, on a GPU): B x S =
+# 2^31 + 1024, so new_h, new_cell and old_cell hold elements past 2^31 and the gates (3 B S)
+# past 2^32: the 64-bit index path of every LLTM kernel.
+HUGE_CASE = Case("b2097153_f1_s1024", {"batch": 2**21 + 1, "features": 1, "state": 1024},
+                 full_gradcheck=False)
+
+
+def check_past_2_31_elements(fn, case=None, device="cuda", rows=1 << 16) -> None:
+    """fn forward and backward once in bfloat16 on `case` (B x S past 2^31: the 64-bit index
+    path), then every output and gradient against the float64 reference, `rows` rows at a time:
+    a float64 copy of the whole would need four times the memory. The weights' and bias'
+    gradients, sums over all rows, are summed chunk by chunk in float64. Peak on the GPU, in
+    the backward: about 16 tensors of B x S bfloat16 (4.3 GB each; the gates and their gradient
+    count 3 each), 70 GB."""
+    from ..testing import assert_rows_close
+
+    case = case or HUGE_CASE
+    batch, features, state = case["batch"], case["features"], case["state"]
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def uniform(*shape, scale=1.0):
+        return torch.empty(shape, dtype=torch.bfloat16, device=device).uniform_(
+            -scale, scale, generator=gen)
+
+    bound = state**-0.5
+    inputs = (uniform(batch, features), uniform(3 * state, state + features, scale=bound),
+              uniform(3 * state, scale=bound), uniform(batch, state), uniform(batch, state))
+    inputs = tuple(t.requires_grad_() for t in inputs)
+    outputs = fn(*inputs)
+    incoming = (uniform(batch, state), uniform(batch, state))
+    grads = torch.autograd.grad(outputs, inputs, incoming)
+    new_h, new_cell = (t.detach() for t in outputs)
+    tolerance = OP.tolerance(torch.bfloat16)
+    weights, bias = (t.detach().double().requires_grad_() for t in inputs[1:3])
+    sums = [torch.zeros_like(weights), torch.zeros_like(bias)]
+    for start in range(0, batch, rows):
+        part = slice(start, min(start + rows, batch))
+        x, h, c = (inputs[k].detach()[part].double().requires_grad_() for k in (0, 3, 4))
+        expected = OP.reference(x, weights, bias, h, c)
+        expected_grads = torch.autograd.grad(expected, (x, weights, bias, h, c),
+                                             tuple(g[part].double() for g in incoming))
+        for what, actual, wanted in (("new_h", new_h[part], expected[0]),
+                                     ("new_cell", new_cell[part], expected[1]),
+                                     ("gradient of input", grads[0][part], expected_grads[0]),
+                                     ("gradient of old_h", grads[3][part], expected_grads[3]),
+                                     ("gradient of old_cell", grads[4][part], expected_grads[4])):
+            assert_rows_close(what, part, actual, wanted.detach(), tolerance)
+        sums[0] += expected_grads[1]
+        sums[1] += expected_grads[2]
+    everything = slice(0, batch)
+    assert_rows_close("gradient of weights", everything, grads[1], sums[0], tolerance)
+    assert_rows_close("gradient of bias", everything, grads[2], sums[1], tolerance)
