@@ -12,8 +12,13 @@
 #      stage that is skipped, fails to build or fails to import stops the run;
 #   3. test every CUDA stage (one pytest process each, --junitxml, --durations); a GPU test that
 #      is skipped on this GPU machine counts as a failure;
-#   4. compute-sanitizer memcheck and racecheck over a small run of every CUDA kernel
-#      (scripts/gpu_smoke.py), where compute-sanitizer exists;
+#   4. compute-sanitizer memcheck over a small run of every CUDA kernel (scripts/gpu_smoke.py),
+#      and racecheck where a stage's kernels use shared memory (CUB's sort, in stage 07);
+#   Estimated on a 16-core H200 from this 2-core machine's figures: builds ~1.5 min (in parallel;
+#   the longest single nvcc unit, stage 07's .cu, bounds it), tests ~3 min (here the CPU parts
+#   take ~2 min; the GPU adds torch.compile and opcheck runs), sanitizer ~2 min (torch's import,
+#   ~5 s, dominates each small run), quick benchmark ~1 min: about 7.5 minutes. Each step prints
+#   its time in summary.txt.
 #   5. the GPU benchmark in its quick mode (bench/run.py --device cuda --smoke), which writes its
 #      JSON and Markdown after every configuration.
 # Everything lands in $OUT (default build/device-check), bundled into a few files: summary.txt
@@ -130,7 +135,12 @@ done
 
 if command -v compute-sanitizer > /dev/null; then
   for n in $cuda_stages; do
-    for tool in memcheck racecheck; do
+    tools=memcheck
+    # racecheck looks for hazards in shared memory: only kernels that use it (or CUB's, which
+    # does) can have them, and it is slow.
+    folder=$("$PYTHON" -c "from workbook import stages; print(stages.get($n).source_dir)")
+    if grep -rqE "__shared__|cub::" --include='*.cu' "$folder"; then tools="memcheck racecheck"; fi
+    for tool in $tools; do
       step "sanitizer-$tool-$n" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 \
         "$PYTHON" scripts/gpu_smoke.py --stage "$n"
     done
