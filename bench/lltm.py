@@ -11,10 +11,15 @@ What it measures (the harness, bench/harness.py, validates, times and reports):
                   CPU; 04, 05, 06 on a GPU)
   phases          forward (autograd recording) and backward (the graph replayed), as the tutorial's
                   `Forward: X us | Backward: Y us`
-  reference line  the cell's GEMMs alone: the floor under every implementation
+  reference lines the cell's GEMMs alone: the floor under every implementation; and each fused
+                  stage's ops called without autograd: its kernels alone, so that the op's time
+                  over them is what its autograd layer and the engine cost
   GPU             the fused pointwise kernels' bandwidth against a device-to-device copy
-  targets         the fused stages (05 on): forward >= 2x eager and backward >= 1.5x eager at the
-                  tutorial size; forward + backward not slower than torch.compile
+  targets         the fused stages (05, Python autograd; the library's newest build, C++ autograd)
+                  at the tutorial size: forward >= 2x eager, backward >= 1.5x eager, forward +
+                  backward >= 1.3x torch.compile and within 1.25x of its ops alone; at the
+                  large size not slower than eager or compile either way; across the state
+                  sweep, forward + backward never slower than eager
 """
 
 from __future__ import annotations
@@ -115,14 +120,44 @@ def gemm_floor(config: Config, device: str, phases) -> harness.Runners:
     return {p: calls[p] for p in phases}
 
 
+# The ops of each torch.library LLTM package: (namespace, forward, backward).
+LIBRARY_OPS = {"lltm": ("lltm", "forward", "backward"),
+               "extops": ("extops", "lltm_forward", "lltm_backward")}
+
+
+def kernels_alone(s: stages.Stage):
+    """A fused stage's forward and backward ops called directly, without autograd: its kernels
+    (the GEMMs and the fused loop) and nothing else, the floor the op can reach. The op's time
+    over this is what its autograd layer and the engine cost."""
+    def runners(config: Config, device: str, phases) -> harness.Runners:
+        namespace, forward_name, backward_name = LIBRARY_OPS[s.package]
+        s.load()
+        ns = getattr(torch.ops, namespace)
+        forward, backward = getattr(ns, forward_name), getattr(ns, backward_name)
+        x, w, b, h, c = (t.detach() for t in sample(config, device, torch.float32).args)
+        _, new_cell, gates = forward(x, w, b, h, c)
+        grad_h, grad_cell = torch.rand_like(new_cell), torch.rand_like(new_cell)
+        calls = {"forward": lambda: forward(x, w, b, h, c),
+                 "backward": lambda: backward(grad_h, grad_cell, new_cell, gates, x, h, w)}
+        calls["forward_backward"] = lambda: (calls["forward"](), calls["backward"]())
+        return {p: calls[p] for p in phases}
+    return runners
+
+
 def implementations(device: str) -> list[Impl]:
     compiled = CompiledReference()
-    return [
+    impls = [
         Impl("eager", "plain PyTorch (eager)", reference.lltm),
         Impl("compile", "plain PyTorch + torch.compile", compiled, compiled.prepare,
              note=compiled.settings),
         Impl("gemm_floor", "GEMMs alone (the floor; not an implementation)", runners=gemm_floor),
     ]
+    for s in fused_stages():
+        if device in s.devices:
+            impls.append(Impl(f"{harness.stage_key(s)}_kernels",
+                              f"stage {s.number:02d}'s ops alone, no autograd (its floor)",
+                              runners=kernels_alone(s)))
+    return impls
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,13 +252,88 @@ def bandwidth_fraction(target: Target, report: dict) -> tuple[float | None, None
 
 
 # ----------------------------------------------------------------------------------------------
+# CPU: where an LLTM step's microseconds go at the tutorial size
+
+
+def layer_costs(run: harness.DeviceRun) -> None:
+    """At the tutorial size, the pieces the result rows do not separate: the gates' GEMM with
+    `cat` (one addmm over [h, x]) against two GEMMs into one output (no cat, the weight's column
+    blocks as views), and the autograd engine's fixed cost (torch.autograd.grad through a graph of
+    one node). Timed like everything else (medians of torch.utils.benchmark blocks, interleaved)."""
+    if run.device != "cpu":
+        return
+    sizes = TUTORIAL.sizes
+    x, w, b, h, _ = (t.detach() for t in sample(TUTORIAL, "cpu", run.dtype).args)
+    state = sizes["state"]
+    w_h, w_x = w[:, :state], w[:, state:]
+    leaf = torch.rand(sizes["batch"], state, requires_grad=True)
+    node = leaf * 2
+    incoming = torch.rand_like(node)
+    calls = {
+        "gates: addmm over cat([h, x])": lambda: torch.addmm(b, torch.cat([h, x], 1), w.t()),
+        "gates: two GEMMs into one output": lambda: torch.addmm(b, h, w_h.t()).addmm_(x, w_x.t()),
+        "autograd.grad through one node": lambda: torch.autograd.grad(node, leaf, incoming,
+                                                                      retain_graph=True),
+    }
+    threads = run.top_threads
+    best: dict[str, float] = {}
+    for _ in range(max(run.plan.rounds, 1)):
+        for label, call in calls.items():
+            t = harness.time_call(call, min_run_time=run.plan.min_run_time, threads=threads,
+                                  min_blocks=1)
+            best[label] = min(best.get(label, float("inf")), t.median_us)
+    run.report["layer_costs"] = {"config": TUTORIAL.name, "threads": threads, "us": best}
+    for label, us in best.items():
+        run.log(f"  {label:<40} {us:8.1f} us")
+
+
+def layer_costs_section(report: dict) -> list[str]:
+    costs = report.get("layer_costs")
+    rows = {r["impl"]: r for r in report["results"]
+            if r["config"] == "tutorial" and r.get("threads") == report["machine"]["threads"]}
+    if not costs or not rows:
+        return []
+    lines = ["## Where an LLTM step's microseconds go (tutorial size)", "",
+             "From the rows above: each fused stage's ops called without autograd (its kernels), "
+             "then through autograd (stage 05 registers it in Python, the library in C++); and "
+             "two pieces timed apart in the same run.", "",
+             "| what | forward | backward |", "|---|--:|--:|"]
+    for key, label in (("gemm_floor", "the GEMMs alone"),
+                       *((f"{s}_kernels", f"{rows[s]['label']}: its ops alone, no autograd")
+                         for s in rows if f"{s}_kernels" in rows),
+                       *((s, f"{rows[s]['label']}: through autograd")
+                         for s in rows if f"{s}_kernels" in rows),
+                       ("eager", "plain PyTorch (eager)"), ("compile", "torch.compile")):
+        if key in rows:
+            r = rows[key]
+            lines.append(f"| {label} | {r['forward']['median_us']:.1f} us | "
+                         f"{r['backward']['median_us']:.1f} us |")
+    lines += ["", "| piece, timed apart | time |", "|---|--:|"]
+    lines += [f"| {label} | {us:.1f} us |" for label, us in costs["us"].items()]
+    return lines + [""]
+
+
+def measure_extra(run: harness.DeviceRun) -> None:
+    bandwidth(run)
+    layer_costs(run)
+
+
+def markdown_extra(report: dict) -> list[str]:
+    return layer_costs_section(report) + bandwidth_section(report)
+
+
+# ----------------------------------------------------------------------------------------------
 # Targets
 
 
 def fused_stages() -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
-    toward it and carry no targets."""
-    return [s for s in stages.providing("lltm") if s.number >= 5]
+    toward it and carry no targets. Of the stages that build one package (06 and 07 build
+    `extops`), the last: the one a process loads. Stage 05 registers its autograd in Python,
+    the library (06, 07) in C++: the pair measures what that layer costs."""
+    providers = [s for s in stages.providing("lltm") if s.number >= 5]
+    return [s for k, s in enumerate(providers)
+            if not any(later.package == s.package for later in providers[k + 1:])]
 
 
 def targets(device: str) -> list[Target]:
@@ -231,9 +341,16 @@ def targets(device: str) -> list[Target]:
     for s in fused_stages():
         key, name = harness.stage_key(s), f"stage {s.number:02d}"
         out += [Target(f"{name} forward >= 2.0x eager", "tutorial", key, "eager", "forward", 2.0),
-                Target(f"{name} backward >= 1.5x eager", "tutorial", key, "eager", "backward", 1.5)]
-        out += [Target(f"{name} forward + backward not slower than torch.compile", config, key,
-                       "compile", "step", 1.0) for config in ("tutorial", "large")]
+                Target(f"{name} backward >= 1.5x eager", "tutorial", key, "eager", "backward", 1.5),
+                Target(f"{name} forward + backward >= 1.3x torch.compile", "tutorial", key,
+                       "compile", "step", 1.3),
+                Target(f"{name} forward + backward within 1.25x of its ops alone", "tutorial",
+                       key, f"{key}_kernels", "step", 1.25, kind="within")]
+        out += [Target(f"{name} {phase} not slower than {base}", "large", key, base, phase, 1.0)
+                for base in ("eager", "compile") for phase in ("forward", "backward")]
+        out += [Target(f"{name} forward + backward not slower than eager", f"sweep-s{state}", key,
+                       "eager", "step", 1.0) for state in (32, 64, 128, 256, 512, 1024, 2048)
+                if device == "cpu"]
         if device == "cuda":
             out += [Target(f"{name} {phase} kernel >= 80% of copy bandwidth", "large", key,
                            "copy", phase, 0.8, kind="custom") for phase in ("forward", "backward")]
@@ -299,8 +416,8 @@ BENCH = harness.OpBench(
     floor_phrase="the GEMMs",
     step=True,
     summary_line=tutorial_line,
-    measure_extra=bandwidth,
-    markdown_extra=bandwidth_section,
+    measure_extra=measure_extra,
+    markdown_extra=markdown_extra,
     evaluate_custom=bandwidth_fraction,
     upgrade=upgrade,
 )

@@ -16,3 +16,18 @@
 Installed in editable mode into the Makefile's .venv (scripts/bootstrap.sh); with PYTHON=, the
 Makefile puts common/ on PYTHONPATH.
 """
+
+import logging as _logging
+
+
+class _NoCudaRuntimeNotice(_logging.Filter):
+    """Drops one log record of torch.utils.cpp_extension: "No CUDA runtime is found, using
+    CUDA_HOME=...", logged when it is imported (torch.utils.benchmark imports it too) on a machine
+    with a CUDA toolkit and no GPU. That is the normal state of a build machine, and of a CPU-only
+    learner's; `make doctor` reports the GPUs. Every other message of the module still shows."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return "No CUDA runtime is found" not in record.getMessage()
+
+
+_logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaRuntimeNotice())

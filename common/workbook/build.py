@@ -88,7 +88,23 @@ def abi_flag() -> str:
 def cxx_flags() -> list[str]:
     """Host compiler flags for every extension. The C++ standard is left to torch, which asks for
     the one its headers need (C++17 up to torch 2.9, C++20 since)."""
-    return ["-O3", abi_flag()]
+    return ["-O3", abi_flag()] + sanitizer_flags()
+
+
+def sanitizer_flags() -> list[str]:
+    """With ``WORKBOOK_SANITIZE=1`` (set by `make sanitize`, see workbook.sanitize): compile the
+    host C++ with AddressSanitizer and UndefinedBehaviorSanitizer; otherwise nothing.
+
+    -O1 (it comes after -O3, so it wins) and -g1 keep the reports' stacks readable at a modest
+    cost; undefined behaviour stops the process at its first report, as a memory error does. The
+    library is not linked against the sanitizer runtimes: they are preloaded into Python
+    (LD_PRELOAD), as they must be anyway for an uninstrumented interpreter, and resolve the
+    instrumentation's calls when the library loads. nvcc's device code is never instrumented.
+    """
+    if os.environ.get("WORKBOOK_SANITIZE", "").strip() in ("", "0"):
+        return []
+    return ["-O1", "-g1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+            "-fno-sanitize-recover=undefined"]
 
 
 def openmp_flags() -> list[str]:
@@ -347,15 +363,10 @@ def prepare() -> None:
     """Set up what torch's extension builder reads from the environment, before it is imported:
     this interpreter's ninja first on PATH, and CUDA_HOME where a matching toolkit is found
     (torch picks CUDA_HOME once, at import; its own guess from a wrapper nvcc can be wrong).
-
-    Importing torch.utils.cpp_extension on a machine with a CUDA toolkit but no GPU logs "No CUDA
-    runtime is found, using CUDA_HOME=...". That is the normal state of a build machine (and of a
-    CPU-only learner's), not a problem, so it is silenced; `make doctor` reports the GPUs."""
-    import logging
-
+    (Its "No CUDA runtime is found" notice on a machine without a GPU is filtered out by the
+    workbook package's __init__.)"""
     tools_on_path()
     cuda_toolkit()
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):

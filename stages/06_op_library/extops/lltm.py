@@ -6,14 +6,14 @@
 
 Stage 05's lltm package moved into the library unchanged in behaviour. The C++ library (loaded by
 the package's __init__ before this module is imported) defines torch.ops.extops.lltm_forward and
-.lltm_backward (schemas: csrc/lltm/lltm.cpp) and their CPU and CUDA kernels. What torch needs
-besides, registered here with torch.library:
+.lltm_backward (schemas: csrc/lltm/lltm.cpp), their CPU and CUDA kernels, and, unlike stage 05,
+their autograd (csrc/lltm/autograd/lltm_autograd.cpp, on the Autograd dispatch key: stage 05's
+Python register_autograd costs tens of microseconds a call at the tutorial's size, which that
+file's header measures). What torch needs besides, registered here with torch.library:
 
 * a fake kernel per op: output shapes, dtypes and devices from the inputs' alone, which is how
   torch.compile traces the ops and how they run on meta tensors. It checks what the C++ checks,
-  so a bad input fails at trace time, not only when the kernel runs;
-* the autograd formula of forward: save what backward needs, call the backward op. The backward
-  op itself has no derivative: taking a gradient through it raises a clear error.
+  so a bad input fails at trace time, not only when the kernel runs.
 """
 
 from __future__ import annotations
@@ -110,37 +110,6 @@ def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
     return (input.new_empty(batch, features), weights.new_empty(3 * state, state + features),
             weights.new_empty(3 * state), input.new_empty(batch, state),
             input.new_empty(batch, state))
-
-
-def _setup_context(ctx, inputs, output):
-    input, weights, _bias, old_h, _old_cell = inputs
-    _new_h, new_cell, gates = output
-    # The backward rebuilds the gate activations from the pre-activation gates.
-    ctx.save_for_backward(new_cell, gates, input, old_h, weights)
-    # gates is an intermediate, returned for the backward's sake: no gradient flows into it.
-    ctx.mark_non_differentiable(gates)
-    # Unused outputs get None rather than a zero-filled gradient: for gates (B x 3S) that is
-    # always the case, so nothing is allocated and filled for it on every backward.
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, grad_h, grad_cell, _grad_gates):
-    new_cell = ctx.saved_tensors[0]
-    grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
-    grad_cell = torch.zeros_like(new_cell) if grad_cell is None else grad_cell
-    # Gradients in the inputs' order: input, weights, bias, old_h, old_cell.
-    return torch.ops.extops.lltm_backward(grad_h, grad_cell, *ctx.saved_tensors)
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "lltm: double backward is not supported (the lltm backward op has no derivative); "
-        "for second derivatives use a plain PyTorch LLTM"
-    )
-
-
-torch.library.register_autograd("extops::lltm_forward", _backward, setup_context=_setup_context)
-torch.library.register_autograd("extops::lltm_backward", _no_double_backward)
 
 
 def lltm(input, weights, bias, old_h, old_cell):
