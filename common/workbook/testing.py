@@ -210,6 +210,71 @@ def check_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False
         torch.testing.assert_close(a, b)
 
 
+# Differentiation modes and autocast: what an op with a reverse-mode formula only must do with
+# forward-mode AD and torch.func (refuse, naming the op), with torch.vmap (work) and inside a
+# torch.autocast region (compute in the region's dtype, whatever mix of dtypes it is given).
+
+
+def _first_tensor_function(fn: Callable, sample: Sample):
+    """fn as a function of the sample's first tensor argument alone, returning its first output;
+    and that argument (detached)."""
+    k = next(i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor))
+    x = sample.args[k].detach()
+
+    def of_x(value):
+        args = list(sample.args)
+        args[k] = value
+        return as_tuple(fn(*args, **sample.kwargs))[0]
+
+    return of_x, x
+
+
+def check_reverse_mode_only(fn: Callable, sample: Sample, op_name: str) -> None:
+    """Forward-mode AD and torch.func's gradient transforms raise NotImplementedError naming the
+    op (never a silent zero tangent); torch.vmap gives what a loop gives."""
+    import torch.autograd.forward_ad as fw_ad
+
+    sample = sample.detached(requires_grad=False)
+    f, x = _first_tensor_function(fn, sample)
+    with (pytest.raises(NotImplementedError, match=rf"^{op_name}: forward-mode AD"),
+          fw_ad.dual_level()):
+        f(fw_ad.make_dual(x, torch.ones_like(x)))
+    transforms = {
+        "jvp": lambda: torch.func.jvp(f, (x,), (torch.ones_like(x),)),
+        "jacfwd": lambda: torch.func.jacfwd(f)(x),
+        "grad": lambda: torch.func.grad(lambda v: f(v).sum())(x),
+        "vjp": lambda: torch.func.vjp(f, x),
+        "jacrev": lambda: torch.func.jacrev(f)(x),
+    }
+    for name, transform in transforms.items():
+        with pytest.raises(NotImplementedError, match=rf"^{op_name}: torch.func"):
+            transform()
+            pytest.fail(f"torch.func.{name} was not refused")
+    batch = torch.stack([x, 0.5 * x])
+    batched = torch.vmap(f)(batch)
+    torch.testing.assert_close(batched, torch.stack([f(batch[0]), f(batch[1])]))
+
+
+def check_autocast(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+    """`sample` in bfloat16. Inside torch.autocast(bfloat16) on the sample's device the op is
+    given its first tensor in float32 (what a layer before it may produce in such a region) and
+    the rest in bfloat16: it computes in bfloat16, returns bfloat16, and matches the reference,
+    gradients included, within bfloat16's tolerances."""
+    assert sample.dtype == torch.bfloat16, "check_autocast needs a bfloat16 sample"
+    k = next(i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor))
+
+    def in_region(*args, **kwargs):
+        args = list(args)
+        args[k] = args[k].float()
+        with torch.autocast(sample.device.type, dtype=torch.bfloat16):
+            out = fn(*args, **kwargs)
+        dtypes = [o.dtype for o in as_tuple(out)]
+        assert all(d == torch.bfloat16 for d in dtypes), f"outputs in {dtypes} under autocast"
+        return out
+
+    compare(in_region, spec, sample).assert_ok()
+
+
 def check_imports_alone(stage, snippet: str, cwd) -> str:
     """Run `snippet` in a fresh interpreter that sees the stage's built package and nothing of the
     workbook (what `pip install` ships: the package and torch); returns what it printed."""

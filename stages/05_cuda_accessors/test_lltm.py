@@ -138,6 +138,21 @@ def test_gradient_through_one_output_only(used):
     lltm_op.check_gradient_through_one_output(lltm, used)
 
 
+def test_module_checks_its_arguments():
+    lltm_op.check_module_arguments(package().LLTM, 'lltm.LLTM')
+
+
+def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
+    testing.check_reverse_mode_only(lltm, SPEC.make(SPEC.case("b2_f3_s4"), dtype=torch.float64),
+                                    "lltm")
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.bfloat16], batch0=False,
+                                             cases=[SPEC.case("b5_f17_s33")]))
+def test_runs_inside_autocast_with_mixed_dtypes(p):
+    testing.check_autocast(lltm, SPEC, p.sample(SPEC))
+
+
 def test_double_backward_raises_clearly():
     lltm_op.check_double_backward_raises(lltm)
 

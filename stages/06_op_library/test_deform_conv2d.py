@@ -41,6 +41,17 @@ def test_against_reference(p):
     testing.check_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
 
 
+def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
+    sample = SPEC.make(SPEC.case("b2_c4_o5_k3_pad1"), dtype=torch.float64)
+    testing.check_reverse_mode_only(deform_conv2d, sample, "deform_conv2d")
+
+
+@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.bfloat16], batch0=False,
+                                             cases=[SPEC.case("b2_c4_o5_k3_pad1")]))
+def test_runs_inside_autocast_with_mixed_dtypes(p):
+    testing.check_autocast(deform_conv2d, SPEC, p.sample(SPEC))
+
+
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32]))
 def test_forward_records_nothing_without_grad(p):
     testing.check_forward(deform_conv2d, SPEC, p.sample(SPEC))

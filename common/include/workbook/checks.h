@@ -4,7 +4,8 @@
 // raises a Python exception whose message names the argument, says what was expected and what was
 // got, e.g.
 //
-//   TypeError: lltm: `weights` must be a floating-point tensor, got Long
+//   TypeError: lltm: `input` must be a floating-point tensor (Double, Float, Half or BFloat16),
+//              got Long
 //   ValueError: lltm: `old_h` must have 2 dimensions (batch, state), got 3 with sizes [2, 3, 4]
 //
 // The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes,
@@ -35,10 +36,25 @@ inline void check_defined(const at::Tensor& t, const Arg& arg) {
                     " must be a tensor, got an undefined tensor (None)");
 }
 
-inline void check_floating(const at::Tensor& t, const Arg& arg) {
+// The dtypes the kernels compute in: an allow-list, not at::isFloatingType, which also admits the
+// float8 types (no kernel here computes in float8: refused by name, not failed inside a kernel).
+inline bool supported_floating(at::ScalarType type) {
+  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+}
+
+// Dense (strided) tensors only: a sparse, mkldnn or nested tensor is refused by name here rather
+// than failing later inside ATen with a message that names no argument.
+inline void check_strided(const at::Tensor& t, const Arg& arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), describe(arg),
-                   " must be a floating-point tensor, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, describe(arg),
+                   " must be a dense tensor (layout Strided), got layout ", t.layout());
+}
+
+inline void check_floating(const at::Tensor& t, const Arg& arg) {
+  check_strided(t, arg);
+  TORCH_CHECK_TYPE(supported_floating(t.scalar_type()), describe(arg),
+                   " must be a floating-point tensor (Double, Float, Half or BFloat16), got ",
+                   t.scalar_type());
 }
 
 inline void check_dtype(const at::Tensor& t, const Arg& arg, at::ScalarType expected) {
@@ -98,6 +114,7 @@ enum class Layout { kAny, kContiguous };
 inline void check_inputs(std::initializer_list<NamedTensor> args, c10::DeviceType device,
                          Layout layout = Layout::kAny) {
   const auto& [first, first_arg] = *args.begin();
+  for (const auto& [t, arg] : args) check_strided(t, arg);
   check_floating(first, first_arg);
   for (const auto& [t, arg] : args) check_dtype(t, arg, first.scalar_type());
   for (const auto& [t, arg] : args) check_same_device(t, arg, first, first_arg);

@@ -56,7 +56,8 @@ def bad_inputs(device: str) -> list[BadInput]:
 
     return [
         BadInput("int64_input", good(input=t(2, 3, dtype=torch.int64)),
-                 TypeError, r"`input` must be a floating-point tensor, got Long"),
+                 TypeError, r"`input` must be a floating-point tensor \(Double, Float, Half or "
+                 r"BFloat16\), got Long"),
         BadInput("int64_weights", good(weights=t(12, 7, dtype=torch.int64)),
                  TypeError, r"`weights` must have dtype Float.* got Long"),
         BadInput("float64_bias", good(bias=t(12, dtype=torch.float64)),
@@ -123,6 +124,36 @@ def check_module(LLTM) -> None:
     assert new_h.shape == new_c.shape == (16, 128)
     (new_h.sum() + new_c.sum()).backward()
     assert cell.weights.grad is not None and cell.bias.grad is not None
+
+
+def check_module_arguments(LLTM, owner: str) -> None:
+    """An LLTM module refuses bad constructor and call arguments, naming the argument: sizes
+    that are not ints >= 1, a dtype it cannot compute in, a state that is not an (h, c) pair.
+    NumPy integers are ints."""
+    import numpy as np
+    import pytest
+
+    refused = [
+        ((6, 2.5), {}, TypeError, r"`state_size` must be an int, got float 2.5"),
+        (("6", 8), {}, TypeError, r"`input_features` must be an int, got str '6'"),
+        ((True, 8), {}, TypeError, r"`input_features` must be an int, got bool"),
+        ((0, 8), {}, ValueError, r"`input_features` must be >= 1, got 0"),
+        ((6, -1), {}, ValueError, r"`state_size` must be >= 1, got -1"),
+        ((6, 8), {"dtype": torch.int64}, TypeError, r"`dtype` must be torch.float64, .* got "
+                                                    r"torch.int64"),
+    ]
+    for args, kwargs, error, match in refused:
+        with pytest.raises(error, match=rf"^{owner}: {match}"):
+            LLTM(*args, **kwargs)
+    cell = LLTM(np.int64(3), 4)
+    assert (cell.input_features, cell.state_size) == (3, 4)
+    x, _, _, h, c = inputs(2, 3, 4, requires_grad=False)
+    for state, what in ((h, r"one tensor of shape \[2, 4\]"), ((h,), "a tuple of 1"),
+                        ([h, c, c], "a list of 3"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"^{owner}: `state` must be a pair \(h, c\) of "
+                                            rf"tensors, got {what}"):
+            cell(x, state)
+    assert cell(x, [h, c])[0].shape == (2, 4)
 
 
 class TwoSteps(torch.nn.Module):

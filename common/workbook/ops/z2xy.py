@@ -33,7 +33,8 @@ def bad_inputs(device: str) -> list[BadInput]:
 
     return [
         BadInput("int64_x", bad(t(3, dtype=torch.int64), t(3)),
-                 TypeError, r"`x` must be a floating-point tensor, got Long"),
+                 TypeError, r"`x` must be a floating-point tensor \(Double, Float, Half or "
+                 r"BFloat16\), got Long"),
         BadInput("dtype_mismatch", bad(t(3), t(3, dtype=torch.float64)),
                  TypeError, r"`y` must have dtype Float"),
         BadInput("shape_mismatch", bad(t(3, 4), t(4, 3)),

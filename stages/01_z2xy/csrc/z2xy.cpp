@@ -18,10 +18,13 @@ using workbook::Arg;
 
 constexpr const char* kOp = "z2xy";
 
-// x and y: floating point, the same dtype, shape and device. Any shape works, any layout too:
-// ATen's element-wise ops handle strides, so non-contiguous inputs need no special case.
+// x and y: dense, floating point, the same dtype, shape and device. Any shape works, any strides
+// too: ATen's element-wise ops handle them, so non-contiguous inputs need no special case. A
+// sparse input is refused by name (ATen would run the sparse forward, then fail in the backward).
 void check_inputs(const at::Tensor& x, const at::Tensor& y) {
   const Arg x_arg{kOp, "x"}, y_arg{kOp, "y"};
+  workbook::check_strided(x, x_arg);
+  workbook::check_strided(y, y_arg);
   workbook::check_floating(x, x_arg);
   workbook::check_dtype(y, y_arg, x.scalar_type());
   workbook::check_device_type(x, x_arg, c10::DeviceType::CPU);
@@ -38,7 +41,9 @@ at::Tensor z2xy_forward(const at::Tensor& x, const at::Tensor& y) {
 // dz/dx = 2 and dz/dy = 1, so the incoming gradient is scaled for x and passed through for y.
 std::vector<at::Tensor> z2xy_backward(const at::Tensor& grad_z) {
   workbook::check_floating(grad_z, Arg{kOp, "grad_z"});
+  // EXERCISE z2xy-backward: return the gradients {grad_x, grad_y} = {2 grad_z, grad_z}
   return {grad_z * 2, grad_z};
+  // END EXERCISE z2xy-backward
 }
 
 }  // namespace

@@ -12,15 +12,22 @@
 // The kernels of both backends check their inputs with workbook/lltm_checks.h, as every LLTM
 // stage does, so a bad input gets the same message whichever backend it was sent to.
 //
-// Sections: schemas, Python module.
+// Sections: schemas, autocast, Python module.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <Python.h>
 #include <torch/library.h>
+
+#include <tuple>
+
+#include "workbook/autocast.h"
 
 // ----------------------------------------------------------------------------------------------
 // Schemas
 //
 // The names and signatures every backend implements. forward returns the pre-activation gates
-// as a third output: the backward rebuilds the activations from them. pt2_compliant_tag says the
+// as a third output: the backward rebuilds the activations from them. `gates` is internal: it is
+// not differentiable (autograd marks it so: a loss through it gets no gradient from it), and the
+// public functional form lltm.lltm returns only (new_h, new_cell). pt2_compliant_tag says the
 // ops (with the fake kernels of lltm/ops.py) are safe to trace with torch.compile.
 
 TORCH_LIBRARY(lltm, m) {
@@ -32,6 +39,45 @@ TORCH_LIBRARY(lltm, m) {
       "backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, Tensor input,"
       " Tensor old_h, Tensor weights) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
+}
+
+// ----------------------------------------------------------------------------------------------
+// Autocast
+//
+// Inside a torch.autocast region the dispatcher calls an op's Autocast kernel first. The cell is
+// matrix products and an element-wise loop, so it follows autocast's rule for matrix products:
+// its inputs are cast to the region's dtype, outputs come in that dtype (workbook/autocast.h).
+// Without it, a region that casts `old_h` (a matmul's output) and not `weights` hands the op a
+// dtype mix it refuses. The forward only: the backward runs on saved tensors of one dtype.
+
+namespace {
+
+template <c10::DeviceType device>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor& input,
+                                                                const at::Tensor& weights,
+                                                                const at::Tensor& bias,
+                                                                const at::Tensor& old_h,
+                                                                const at::Tensor& old_cell) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lltm::forward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&)>();
+  workbook::BelowAutocast<device> below;
+  using workbook::autocast_input;
+  return op.call(autocast_input<device>(input), autocast_input<device>(weights),
+                 autocast_input<device>(bias), autocast_input<device>(old_h),
+                 autocast_input<device>(old_cell));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lltm, AutocastCPU, m) {
+  m.impl("forward", &forward_autocast<c10::DeviceType::CPU>);
+}
+
+TORCH_LIBRARY_IMPL(lltm, AutocastCUDA, m) {
+  m.impl("forward", &forward_autocast<c10::DeviceType::CUDA>);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -8,10 +8,37 @@ workbook's helpers.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
-from .ops import lltm
+from .ops import _DTYPES, lltm
+
+
+def _check_size_arg(name: str, value) -> int:
+    """`value` as an int >= 1 (a Python or NumPy integer, not a bool), or an error naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"lltm.LLTM: `{name}` must be an int, got bool {value}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"lltm.LLTM: `{name}` must be an int, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if value < 1:
+        raise ValueError(f"lltm.LLTM: `{name}` must be >= 1, got {value}")
+    return value
+
+
+def _check_state(state) -> tuple[torch.Tensor, torch.Tensor]:
+    """`state` as the pair (h, c) of tensors, or an error saying what it is instead."""
+    if isinstance(state, torch.Tensor):
+        raise TypeError(f"lltm.LLTM: `state` must be a pair (h, c) of tensors, got one tensor of "
+                        f"shape {list(state.shape)}")
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        what = (f"a {type(state).__name__} of {len(state)}"
+                if isinstance(state, (tuple, list)) else type(state).__name__)
+        raise TypeError(f"lltm.LLTM: `state` must be a pair (h, c) of tensors, got {what}")
+    return state[0], state[1]
 
 
 class LLTM(torch.nn.Module):
@@ -23,11 +50,11 @@ class LLTM(torch.nn.Module):
 
     def __init__(self, input_features: int, state_size: int, *, device=None, dtype=None):
         super().__init__()
-        if input_features < 1 or state_size < 1:
-            raise ValueError(
-                f"lltm.LLTM: input_features and state_size must be >= 1, "
-                f"got {input_features} and {state_size}"
-            )
+        input_features = _check_size_arg("input_features", input_features)
+        state_size = _check_size_arg("state_size", state_size)
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"lltm.LLTM: `dtype` must be torch.float64, float32, float16 or "
+                            f"bfloat16 (or None: the default dtype), got {dtype}")
         self.input_features = input_features
         self.state_size = state_size
         factory = {"device": device, "dtype": dtype}
@@ -44,7 +71,7 @@ class LLTM(torch.nn.Module):
             self.bias.uniform_(-bound, bound)
 
     def forward(self, input: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
-        old_h, old_cell = state
+        old_h, old_cell = _check_state(state)
         return lltm(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self) -> str:

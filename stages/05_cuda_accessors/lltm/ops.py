@@ -26,15 +26,29 @@ _SCALAR_TYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.flo
                       torch.complex128: "ComplexDouble"}
 
 
+# The dtypes the kernels compute in (float8 is floating point too, and refused).
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+# Layouts by the names C++ prints them with (c10::Layout).
+_LAYOUT_NAMES = {torch.strided: "Strided", torch.sparse_coo: "Sparse",
+                 torch.sparse_csr: "SparseCsr", torch.sparse_csc: "SparseCsc",
+                 torch.sparse_bsr: "SparseBsr", torch.sparse_bsc: "SparseBsc",
+                 torch._mkldnn: "Mkldnn"}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return _SCALAR_TYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
 
 
 def _check_same_dtype_and_device(op: str, names, tensors) -> None:
+    for name, t in zip(names, tensors):
+        torch._check_type(t.layout == torch.strided,
+                          lambda: f"{op}: `{name}` must be a dense tensor (layout Strided), got "
+                                  f"layout {_LAYOUT_NAMES.get(t.layout, t.layout)}")
     first_name, first = names[0], tensors[0]
-    torch._check_type(first.dtype.is_floating_point,
-                      lambda: f"{op}: `{first_name}` must be a floating-point tensor, "
-                              f"got {_dtype_name(first.dtype)}")
+    torch._check_type(first.dtype in _DTYPES,
+                      lambda: f"{op}: `{first_name}` must be a floating-point tensor (Double, "
+                              f"Float, Half or BFloat16), got {_dtype_name(first.dtype)}")
     for name, t in zip(names, tensors):
         torch._check_type(t.dtype == first.dtype,
                           lambda: f"{op}: `{name}` must have dtype {_dtype_name(first.dtype)} "
@@ -59,6 +73,7 @@ def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
 
 @torch.library.register_fake("lltm::forward")
 def _forward_fake(input, weights, bias, old_h, old_cell):
+    # EXERCISE library-registration: the fake kernel: the C++ checks, then the empty outputs
     op = "lltm"
     _check_same_dtype_and_device(op, _FORWARD_NAMES, (input, weights, bias, old_h, old_cell))
     _check_dim(op, "input", input, 2, "(batch, features)")
@@ -77,6 +92,7 @@ def _forward_fake(input, weights, bias, old_h, old_cell):
     _check_size(op, "bias", bias, 0, 3 * state, "3 * state size of `old_h`")
     return (input.new_empty(batch, state), input.new_empty(batch, state),
             input.new_empty(batch, 3 * state))
+    # END EXERCISE library-registration
 
 
 @torch.library.register_fake("lltm::backward")
@@ -135,14 +151,55 @@ torch.library.register_autograd("lltm::forward", _backward, setup_context=_setup
 torch.library.register_autograd("lltm::backward", _no_double_backward)
 
 
-def lltm(input, weights, bias, old_h, old_cell):
-    """One LLTM step: (new_h, new_cell), differentiable with respect to every input.
+def check_reverse_mode_only(op: str, tensors) -> None:
+    """Refuse, naming the op, the differentiation modes it has no formula for.
 
-    input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; any floating dtype
-    (half and bfloat16 compute in float), on the CPU or a CUDA device.
+    The op's autograd is reverse mode only (a backward formula). Without this check, forward-mode
+    AD (torch.autograd.forward_ad, torch.func.jvp, jacfwd) would run the kernel on the primal
+    values and return no tangent, which reads as a derivative of zero; and torch.func's grad,
+    vjp and jacrev would refuse with a message about autograd.Function internals. torch.vmap
+    works (it runs the op once per batch entry) and so does ordinary reverse mode. Skipped while
+    torch.compile traces: a compiled graph has no functorch wrappers or dual tensors.
     """
-    for name, value in zip(_FORWARD_NAMES, (input, weights, bias, old_h, old_cell)):
+    if torch.compiler.is_compiling():
+        return
+    if torch._C._are_functorch_transforms_active():
+        for t in tensors:
+            if torch._C._functorch.is_gradtrackingtensor(t):
+                raise NotImplementedError(
+                    f"{op}: torch.func.grad, vjp, jacrev, jvp and jacfwd are not supported (the "
+                    f"op's autograd is a backward formula registered with torch.library); use "
+                    f"torch.autograd.grad or Tensor.backward() for gradients, torch.vmap for "
+                    f"batching")
+    for t in tensors:
+        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"{op}: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp, jacfwd) is "
+                f"not supported: the op has a reverse-mode gradient only; use torch.autograd.grad "
+                f"or Tensor.backward()")
+
+
+def lltm(input, weights, bias, old_h, old_cell):
+    """One LLTM step: (new_h, new_cell), differentiable (reverse mode) in every input.
+
+    input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; dense tensors of one
+    dtype, float64, float32, float16 or bfloat16 (half and bfloat16 compute in float), on the CPU
+    or a CUDA device. Inside a torch.autocast region the inputs are cast to the region's dtype.
+    Forward-mode AD and torch.func's gradient transforms are refused (check_reverse_mode_only).
+
+    The op itself, torch.ops.lltm.forward, returns a third output, the pre-activation gates: an
+    intermediate for its backward, not differentiable, and not part of this form.
+    """
+    tensors = (input, weights, bias, old_h, old_cell)
+    for name, value in zip(_FORWARD_NAMES, tensors):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"lltm: `{name}` must be a tensor, got {type(value).__name__}")
+    for name, t in zip(_FORWARD_NAMES, tensors):
+        # A sparse tensor would find no kernel, and the dispatcher's message names no argument.
+        # (A plain `if`: torch.compile folds it, a torch._check message closure it cannot trace.)
+        if t.layout != torch.strided:
+            raise TypeError(f"lltm: `{name}` must be a dense tensor (layout Strided), got layout "
+                            f"{_LAYOUT_NAMES.get(t.layout, t.layout)}")
+    check_reverse_mode_only("lltm", tensors)
     new_h, new_cell, _gates = torch.ops.lltm.forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell

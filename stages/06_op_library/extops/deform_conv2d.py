@@ -24,6 +24,8 @@ import math
 import torch
 from torch import nn
 
+from ._checks import check_dense, check_reverse_mode_only
+
 _INT64_MAX = 2**63 - 1
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 _OUT_H_WHY = ("out_h of the convolution: (height + 2 * padding - dilation * (kernel_h - 1) - 1) "
@@ -302,8 +304,10 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     input [N, C, H, W]; offset [N, 2 G kh kw, Ho, Wo] with (dy, dx) of offset group g, tap
     (i, j) at channels 2 (g kh kw + i kw + j) + 0, 1; weight [O, C / groups, kh, kw]; bias [O] or
     None; stride, padding, dilation an int or a pair; mask [N, G kh kw, Ho, Wo] or None (DCNv1).
-    float64, float32, float16 or bfloat16 (half and bfloat16 compute in float); differentiable in
-    input, offset, weight, bias and mask.
+    float64, float32, float16 or bfloat16 (half and bfloat16 compute in float); dense tensors;
+    differentiable (reverse mode) in input, offset, weight, bias and mask. Inside a torch.autocast
+    region the inputs are cast to the region's dtype (csrc/deform_conv2d/autocast/). Forward-mode
+    AD and torch.func's gradient transforms are refused (_checks.check_reverse_mode_only).
     """
     for name, value in (("input", input), ("offset", offset), ("weight", weight)):
         if not isinstance(value, torch.Tensor):
@@ -312,6 +316,9 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"deform_conv2d: `{name}` must be a tensor or None, got "
                             f"{type(value).__name__}")
+    check_dense("deform_conv2d", (("input", input), ("offset", offset), ("weight", weight),
+                                  ("bias", bias), ("mask", mask)))
+    check_reverse_mode_only("deform_conv2d", (input, offset, weight, bias, mask))
     stride = _int_pair("deform_conv2d", "stride", stride)
     padding = _int_pair("deform_conv2d", "padding", padding)
     dilation = _int_pair("deform_conv2d", "dilation", dilation)

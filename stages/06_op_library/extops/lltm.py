@@ -19,8 +19,11 @@ file's header measures). What torch needs besides, registered here with torch.li
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
+
+from ._checks import check_dense, check_reverse_mode_only
 
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
@@ -34,15 +37,19 @@ _SCALAR_TYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.flo
                       torch.complex128: "ComplexDouble"}
 
 
+# The dtypes the kernels compute in (float8 is floating point too, and refused).
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return _SCALAR_TYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
 
 
 def _check_same_dtype_and_device(op: str, names, tensors) -> None:
+    check_dense(op, zip(names, tensors))
     first_name, first = names[0], tensors[0]
-    torch._check_type(first.dtype.is_floating_point,
-                      lambda: f"{op}: `{first_name}` must be a floating-point tensor, "
-                              f"got {_dtype_name(first.dtype)}")
+    torch._check_type(first.dtype in _DTYPES,
+                      lambda: f"{op}: `{first_name}` must be a floating-point tensor (Double, "
+                              f"Float, Half or BFloat16), got {_dtype_name(first.dtype)}")
     for name, t in zip(names, tensors):
         torch._check_type(t.dtype == first.dtype,
                           lambda: f"{op}: `{name}` must have dtype {_dtype_name(first.dtype)} "
@@ -113,16 +120,51 @@ def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
 
 
 def lltm(input, weights, bias, old_h, old_cell):
-    """One LLTM step: (new_h, new_cell), differentiable with respect to every input.
+    """One LLTM step: (new_h, new_cell), differentiable (reverse mode) in every input.
 
-    input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; any floating dtype
-    (half and bfloat16 compute in float), on the CPU or a CUDA device.
+    input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; dense tensors of one
+    dtype, float64, float32, float16 or bfloat16 (half and bfloat16 compute in float), on the CPU
+    or a CUDA device. Inside a torch.autocast region the inputs are cast to the region's dtype
+    (csrc/lltm/autocast/). Forward-mode AD and torch.func's gradient transforms are refused
+    (_checks.check_reverse_mode_only); torch.vmap works.
+
+    The op itself, torch.ops.extops.lltm_forward, returns a third output, the pre-activation
+    gates: an intermediate for its backward, not differentiable, and not part of this form.
     """
-    for name, value in zip(_FORWARD_NAMES, (input, weights, bias, old_h, old_cell)):
+    tensors = (input, weights, bias, old_h, old_cell)
+    for name, value in zip(_FORWARD_NAMES, tensors):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"lltm: `{name}` must be a tensor, got {type(value).__name__}")
+    check_dense("lltm", zip(_FORWARD_NAMES, tensors))
+    check_reverse_mode_only("lltm", tensors)
     new_h, new_cell, _gates = torch.ops.extops.lltm_forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell
+
+
+def check_size_arg(owner: str, name: str, value) -> int:
+    """`value` as an int >= 1 (a Python or NumPy integer, not a bool), or an error naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"{owner}: `{name}` must be an int, got bool {value}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{owner}: `{name}` must be an int, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if value < 1:
+        raise ValueError(f"{owner}: `{name}` must be >= 1, got {value}")
+    return value
+
+
+def check_state(owner: str, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """`state` as the pair (h, c) of tensors, or an error saying what it is instead."""
+    if isinstance(state, torch.Tensor):
+        raise TypeError(f"{owner}: `state` must be a pair (h, c) of tensors, got one tensor of "
+                        f"shape {list(state.shape)}")
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        what = (f"a {type(state).__name__} of {len(state)}"
+                if isinstance(state, (tuple, list)) else type(state).__name__)
+        raise TypeError(f"{owner}: `state` must be a pair (h, c) of tensors, got {what}")
+    return state[0], state[1]
 
 
 class LLTM(torch.nn.Module):
@@ -134,11 +176,11 @@ class LLTM(torch.nn.Module):
 
     def __init__(self, input_features: int, state_size: int, *, device=None, dtype=None):
         super().__init__()
-        if input_features < 1 or state_size < 1:
-            raise ValueError(
-                f"extops.LLTM: input_features and state_size must be >= 1, "
-                f"got {input_features} and {state_size}"
-            )
+        input_features = check_size_arg("extops.LLTM", "input_features", input_features)
+        state_size = check_size_arg("extops.LLTM", "state_size", state_size)
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"extops.LLTM: `dtype` must be torch.float64, float32, float16 or "
+                            f"bfloat16 (or None: the default dtype), got {dtype}")
         self.input_features = input_features
         self.state_size = state_size
         factory = {"device": device, "dtype": dtype}
@@ -155,7 +197,7 @@ class LLTM(torch.nn.Module):
             self.bias.uniform_(-bound, bound)
 
     def forward(self, input: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
-        old_h, old_cell = state
+        old_h, old_cell = check_state("extops.LLTM", state)
         return lltm(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self) -> str:

@@ -21,8 +21,11 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
+
+#include "workbook/checks.h"
 
 namespace {
 
@@ -33,15 +36,16 @@ using torch::autograd::variable_list;
 // The ops, called through the dispatcher below the autograd key (the CPU, CUDA or fake kernel
 // runs, whichever the inputs' device asks for).
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_op(
-    const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
-    const at::Tensor& old_h, const at::Tensor& old_cell) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("extops::lltm_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&)>();
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_op(const at::Tensor& input,
+                                                               const at::Tensor& weights,
+                                                               const at::Tensor& bias,
+                                                               const at::Tensor& old_h,
+                                                               const at::Tensor& old_cell) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("extops::lltm_forward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&)>();
   return op.call(input, weights, bias, old_h, old_cell);
 }
 
@@ -49,13 +53,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& new_cell,
     const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
     const at::Tensor& weights) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("extops::lltm_backward", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                               at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("extops::lltm_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
   return op.call(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
 }
 
@@ -115,9 +118,31 @@ class LLTMBackwardFunction : public torch::autograd::Function<LLTMBackwardFuncti
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_autograd(
-    const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
-    const at::Tensor& old_h, const at::Tensor& old_cell) {
+// What this layer refuses before anything runs, naming the argument or the op: a sparse or other
+// non-dense input (below this key it would find no kernel for its backend, and the dispatcher's
+// message names no argument), and forward-mode AD, which a torch::autograd::Function has no
+// formula for (torch's own message names neither the op nor what to use instead).
+void check_autograd_inputs(std::initializer_list<workbook::NamedTensor> args) {
+  for (const auto& [t, arg] : args) workbook::check_strided(t, arg);
+  for (const auto& [t, arg] : args) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), arg.op,
+                                ": forward-mode AD (torch.autograd.forward_ad, torch.func.jvp, "
+                                "jacfwd) is not supported: the op has a reverse-mode gradient "
+                                "only; use torch.autograd.grad or Tensor.backward()");
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lltm_forward_autograd(const at::Tensor& input,
+                                                                     const at::Tensor& weights,
+                                                                     const at::Tensor& bias,
+                                                                     const at::Tensor& old_h,
+                                                                     const at::Tensor& old_cell) {
+  constexpr const char* kOp = "lltm";
+  check_autograd_inputs({{input, {kOp, "input"}},
+                         {weights, {kOp, "weights"}},
+                         {bias, {kOp, "bias"}},
+                         {old_h, {kOp, "old_h"}},
+                         {old_cell, {kOp, "old_cell"}}});
   auto out = LLTMFunction::apply(input, weights, bias, old_h, old_cell);
   return {out[0], out[1], out[2]};
 }
@@ -126,8 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
     const at::Tensor& grad_h, const at::Tensor& grad_cell, const at::Tensor& new_cell,
     const at::Tensor& gates, const at::Tensor& input, const at::Tensor& old_h,
     const at::Tensor& weights) {
-  auto out =
-      LLTMBackwardFunction::apply(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
+  auto out = LLTMBackwardFunction::apply(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
