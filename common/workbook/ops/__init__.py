@@ -13,16 +13,20 @@ import pkgutil
 from ..opspec import OpSpec
 
 
-def get(name: str) -> OpSpec:
-    """The descriptor of op `name` (the OP of workbook/ops/<name>.py)."""
+def module(name: str):
+    """The descriptor module of op `name`: workbook/ops/<name>.py."""
     try:
-        module = importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as error:
         if error.name != f"{__name__}.{name}":
             raise
         raise LookupError(f"no descriptor for op {name!r}: expected common/workbook/ops/{name}.py; "
                           f"known: {', '.join(names())}") from None
-    return module.OP
+
+
+def get(name: str) -> OpSpec:
+    """The descriptor of op `name` (the OP of workbook/ops/<name>.py)."""
+    return module(name).OP
 
 
 def names() -> list[str]:

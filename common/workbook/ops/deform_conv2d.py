@@ -203,6 +203,48 @@ def baselines():
     return found
 
 
+# -- the hostile-input matrix (workbook/matrix.py)
+
+MATRIX_OPTIONAL = ("bias", "mask")  # None is a valid value of these
+
+
+def matrix_valid(device: str) -> Sample:
+    return make(torchvision_case("valid", 2), device=device, requires_grad=False)
+
+
+def matrix_extras() -> list:
+    from ..matrix import Entry, replaced
+
+    def valid_with(**changes):
+        def build(on):
+            sample = matrix_valid(on)
+            for name, value in changes.items():
+                sample = replaced(sample, name, value(on) if callable(value) else value)
+            return sample
+        return build
+
+    def past_32_bits(on):
+        # A 1 x 1 kernel over a 46341 x 46341 image: 2^31 + 10^5 output pixels per channel.
+        side = 46341
+        return Sample("past_2_31", (torch.zeros(1, 1, 1, 1, device=on).expand(1, 1, side, side),
+                                    torch.zeros(1, 2, 1, 1, device=on).expand(1, 2, side, side),
+                                    torch.ones(1, 1, 1, 1, device=on), None),
+                      {"stride": 1, "padding": 0, "dilation": 1, "mask": None},
+                      arg_names=ARG_NAMES)
+
+    return [
+        Entry("no_bias_no_mask", "optional", valid_with(bias=None, mask=None)),
+        Entry("stride_past_int64", "int range", valid_with(stride=2**63), ValueError, "stride"),
+        Entry("padding_negative_pair", "int range", valid_with(padding=(0, -1)), ValueError,
+              "padding"),
+        Entry("dilation_bool", "int range", valid_with(dilation=True), TypeError, "dilation"),
+        Entry("stride_tensor", "int range", valid_with(stride=lambda on: torch.tensor([1, 1])),
+              TypeError, "stride"),
+        Entry("output_past_2_31", "overflow", past_32_bits, check="runs", modes=("meta",),
+              shapes=((1, 1, 46341, 46341),)),
+    ]
+
+
 OP = OpSpec(
     name="deform_conv2d",
     arg_names=ARG_NAMES,

@@ -81,6 +81,53 @@ def bad_inputs(device: str) -> list[BadInput]:
     ]
 
 
+# -- the hostile-input matrix (workbook/matrix.py): the valid sample its rows start from, and
+# the rows of this op beyond the generic ones and bad_inputs.
+
+
+def matrix_valid(device: str) -> Sample:
+    return make(Case("b2_f3_s4", {"batch": 2, "features": 3, "state": 4}), device=device,
+                requires_grad=False)
+
+
+def matrix_extras() -> list:
+    from ..matrix import Entry
+
+    def sizes(batch, features, state):
+        return lambda on: make(Case("sizes", {"batch": batch, "features": features,
+                                              "state": state}), device=on, requires_grad=False)
+
+    def valid_with(**changes):
+        return lambda on: Sample("bad", tuple(changes[n](on) if n in changes else v for n, v in
+                                              zip(ARG_NAMES, matrix_valid(on).args)),
+                                 arg_names=ARG_NAMES)
+
+    def t(*shape):
+        return lambda on: torch.zeros(shape, device=on)
+
+    big = 2**31 + 1  # rows past 32-bit indexing, expanded from one row: no memory behind them
+
+    def past_32_bits(on):
+        x, w, b, h, c = matrix_valid(on).args
+        return Sample("past_2_31", (x[:1].expand(big, 3), w, b, h[:1].expand(big, 4),
+                                    c[:1].expand(big, 4)), arg_names=ARG_NAMES)
+
+    return [
+        Entry("state_0", "empty", sizes(2, 3, 0)),
+        Entry("features_0", "empty", sizes(2, 0, 4)),
+        Entry("batch_1_state_1", "empty", sizes(1, 1, 1)),
+        Entry("weights_1d", "ndim", valid_with(weights=t(12)), ValueError, "weights"),
+        Entry("bias_2d", "ndim", valid_with(bias=t(12, 1)), ValueError, "bias"),
+        Entry("old_cell_3d", "ndim", valid_with(old_cell=t(2, 4, 1)), ValueError, "old_cell"),
+        Entry("input_0d", "ndim", valid_with(input=t()), ValueError, "input"),
+        Entry("old_h_batch_0", "shape", valid_with(old_h=t(0, 4)), ValueError, "old_h"),
+        Entry("old_cell_transposed_shape", "shape", valid_with(old_cell=t(4, 2)), ValueError,
+              "old_cell"),
+        Entry("rows_past_2_31", "overflow", past_32_bits, check="runs", modes=("meta",),
+              shapes=((big, 4), (big, 4))),
+    ]
+
+
 OP = OpSpec(
     name="lltm",
     arg_names=ARG_NAMES,

@@ -46,6 +46,53 @@ def bad_inputs(device: str) -> list[BadInput]:
     ]
 
 
+# -- the hostile-input matrix (workbook/matrix.py)
+
+
+def matrix_valid(device: str) -> Sample:
+    return make(Case("3x4", {"rows": 3, "cols": 4}), device=device, requires_grad=False)
+
+
+def matrix_extras() -> list:
+    from ..matrix import Entry
+
+    def pair(x_shape, y_shape):
+        return lambda on: Sample("shapes", (torch.ones(x_shape, device=on),
+                                            torch.ones(y_shape, device=on)), arg_names=ARG_NAMES)
+
+    def dtypes(x_dtype, y_dtype):
+        return lambda on: Sample("dtypes", (torch.ones(3, device=on, dtype=x_dtype),
+                                            torch.ones(3, device=on, dtype=y_dtype)),
+                                 arg_names=ARG_NAMES)
+
+    def x_on(device):
+        return lambda on: Sample("devices", (torch.ones(3, device=device),
+                                             torch.ones(3, device=on)), arg_names=ARG_NAMES)
+
+    def one_requires_grad(on):
+        x, y = matrix_valid(on).args
+        return Sample("grad", (x.requires_grad_(), y), arg_names=ARG_NAMES)
+
+    return [
+        Entry("x_int32", "dtype", dtypes(torch.int32, torch.float32), TypeError, "x"),
+        Entry("x_uint8", "dtype", dtypes(torch.uint8, torch.uint8), TypeError, "x"),
+        Entry("x_float8_e4m3fn", "dtype", dtypes(torch.float8_e4m3fn, torch.float8_e4m3fn),
+              TypeError, "x"),
+        Entry("y_float16", "dtype", dtypes(torch.float32, torch.float16), TypeError, "y"),
+        Entry("x_bfloat16_y_float64", "dtype", dtypes(torch.bfloat16, torch.float64), TypeError,
+              "y"),
+        Entry("both_float16", "dtype", dtypes(torch.float16, torch.float16)),
+        Entry("x_on_meta", "device", x_on("meta"), RuntimeError, "x", modes=("eager",)),
+        Entry("x_requires_grad_only", "autograd", one_requires_grad),
+        Entry("scalars_0d", "empty", pair((), ())),
+        Entry("zero_columns", "empty", pair((3, 0), (3, 0))),
+        Entry("five_dims", "ndim", pair((2, 1, 3, 1, 2), (2, 1, 3, 1, 2))),
+        Entry("y_broadcastable", "shape", pair((3, 4), (4,)), ValueError, "y"),
+        Entry("x_3d_y_2d", "ndim", pair((3, 4, 1), (3, 4)), ValueError, "y"),
+        Entry("y_transposed_shape", "shape", pair((3, 4), (4, 3)), ValueError, "y"),
+    ]
+
+
 OP = OpSpec(
     name="z2xy",
     arg_names=ARG_NAMES,
