@@ -88,6 +88,19 @@ def notebook(values: dict[str, str]) -> str:
              f"rows = [64, 256, 1024]\n"
              f"results = nb.sweep(implementations, inputs, rows)\n"
              f"nb.sweep_table(results, rows, size_label=\"rows\")"),
+        markdown("The same as a picture (every notebook has at least one): time against size, "
+                 "a line per implementation. Replace it with one that explains your op."),
+        code(f"nb.plot_sweep(results, rows, xlabel=\"rows\", title=\"{op}: forward and "
+             f"backward\");"),
+        markdown(f"## Exercises\n\n`make exercise {int(nn)}` copies this stage to "
+                 f"`exercises/` with each marked region cut out; `make check {int(nn)}` builds "
+                 f"that copy and runs this stage's tests on it; `make exercise {int(nn)} RESET=1` "
+                 f"starts again, and `diff -ru stages/{nn}_{op} exercises/{nn}_{op}` shows the "
+                 f"solution.\n\n- `{op}-cpu-kernel` (csrc/cpu/{op}_cpu.cpp): the loop body, "
+                 f"out[i] = alpha x[i] + y[i]. Checked by the tests against the reference. Hint: "
+                 f"compute in `opmath_t`, and mind that `y` may be absent.\n\nMark the regions "
+                 f"of your own op the same way (`// EXERCISE name: task` ... `// END EXERCISE "
+                 f"name`) and list them here."),
     ]
     for k, cell in enumerate(cells):  # nbformat 4.5 cells carry an id
         cell["id"] = f"{nn}-{k:02d}"

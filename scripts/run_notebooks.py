@@ -1,6 +1,8 @@
 """make notebooks: execute every notebook headless through a real Jupyter kernel.
 
-    python scripts/run_notebooks.py                      every notebook in notebooks/, in order
+    python scripts/run_notebooks.py                      every notebook in notebooks/: the stages'
+                                                         (NN_name) in order, then the appendices
+                                                         (A1_name, ...)
     python scripts/run_notebooks.py 03                   the notebooks whose name contains 03
     python scripts/run_notebooks.py --check-clean        only check that notebooks/ holds no outputs
 
@@ -33,7 +35,8 @@ def build_root() -> Path:
 
 
 def find_notebooks(patterns: list[str]) -> list[Path]:
-    found = sorted(NOTEBOOKS.glob("*.ipynb"))
+    # Stage notebooks (NN_name) first, in stage order, then appendices (A1_name, A2_name, ...).
+    found = sorted(NOTEBOOKS.glob("*.ipynb"), key=lambda p: (not p.name[:2].isdigit(), p.name))
     if patterns:
         found = [p for p in found if any(pat in p.name for pat in patterns)]
     return found
