@@ -38,7 +38,8 @@ STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
-	lint gpu-check test-template clean distclean env env-check $(STAGE_GOALS)
+	lint gpu-check test-template fuzz sanitize exercise check test-exercises clean distclean env \
+	env-check $(STAGE_GOALS)
 
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
@@ -47,7 +48,15 @@ help:
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make test-template   new-stage and a copied stage, built and tested in a copy of the repo"
 	@echo "  make stage N     build stage N and run its tests, e.g. make stage 3"
+	@echo "  make fuzz        thousands of random inputs per op against its float64 reference (minutes)"
+	@echo "  make sanitize    the stages' C++ built with ASan+UBSan (build/sanitize/), their tests run on it"
+	@echo "                   FULL=1: every stage and every test (the default is a subset: make help says)"
 	@echo "  make diff N      the lesson of stage N: its files against the stage before, side by side in diff -u"
+	@echo "  make exercise N  your copy of stage N to write, exercises/NN_name/, its exercises as TODOs"
+	@echo "                   RESET=1: start afresh; REVEAL=name: put one solution in (REVEAL=all: every one)"
+	@echo "                   diff -ru stages/NN_name exercises/NN_name shows the solutions"
+	@echo "  make check N     build your copy of stage N and run the stage's tests on it"
+	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
@@ -97,6 +106,42 @@ test: $(ENV_READY)
 # tested in a copy of the repository (a few minutes). CI runs them after `make test`.
 test-template: $(ENV_READY)
 	@$(PY) -m pytest -q -rs -m template $(REPO)/tests
+
+# Property-based fuzzing, the long run: thousands of hypothesis examples per op (sizes, dtypes,
+# layouts, thread counts) against the float64 references, with hypothesis' statistics. `make
+# test` runs the short pass of the same tests (tests/test_fuzz.py).
+fuzz: $(ENV_READY)
+	@$(PY) -m workbook.build all
+	@WORKBOOK_FUZZ=long $(PY) -m pytest -q -rs --hypothesis-show-statistics $(REPO)/tests/test_fuzz.py
+
+# The stages' C++ compiled with AddressSanitizer and UndefinedBehaviorSanitizer into build/sanitize/,
+# and their tests run against it with the runtimes preloaded; any report fails the run.
+# The default is a subset that fits CI; FULL=1 checks everything (workbook.sanitize says what).
+sanitize: $(ENV_READY)
+	@$(PY) -m workbook.sanitize $(if $(filter 1 yes true,$(FULL)),--full)
+
+# -- exercises (workbook.exercises) --------------------------------------------------------------
+
+# `make exercise 2`: exercises/02_lltm_cpp, stage 2 with every EXERCISE region of its sources a
+# TODO; refuses to replace an existing copy unless RESET=1. REVEAL=name puts that exercise's
+# solution into the copy (REVEAL=all: every one); CHECK=1 checks the copy (= make check 2).
+exercise: $(ENV_READY)
+	@if [ -z "$(STAGE)" ]; then echo "usage: make exercise N [RESET=1 | REVEAL=name | CHECK=1]   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
+	@if [ -n "$(CHECK)" ]; then $(PY) -m workbook.exercises check $(STAGE); \
+	elif [ -n "$(REVEAL)" ]; then $(PY) -m workbook.exercises reveal $(STAGE) $(filter-out all,$(REVEAL)); \
+	else $(PY) -m workbook.exercises carve $(STAGE) $(if $(filter 1 yes true,$(RESET)),--reset); fi
+
+# `make check 2`: builds exercises/02_lltm_cpp under build/exercises/ and runs stage 2's tests on it
+# (PYTEST_ARGS="--tb=short -x": pytest options, say for the tracebacks).
+check: $(ENV_READY)
+	@if [ -z "$(STAGE)" ]; then echo "usage: make check N   (after make exercise N)"; exit 2; fi
+	@$(PY) -m workbook.exercises check $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+
+# Every stage carved in a temporary folder: the copy builds and fails the tests of its exercises
+# (without a GPU: CPU exercises only; a stage with CUDA exercises alone gets its carved CUDA files
+# compiled, not run). About 8 minutes on 2 cores; not part of `make test`.
+test-exercises: $(ENV_READY)
+	@$(PY) -m pytest -q -rs --durations=0 --durations-min=1 -m exercises $(REPO)/tests/test_exercises.py
 
 # `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
 diff: $(ENV_READY)
@@ -172,4 +217,4 @@ lint: $(ENV_READY)
 
 # The N of `make stage N`, `make diff N`.
 $(STAGE_GOALS):
-	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi|diff) ;; *) echo "did you mean: make stage $@";; esac
+	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi|diff|exercise|check) ;; *) echo "did you mean: make stage $@";; esac

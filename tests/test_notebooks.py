@@ -1,24 +1,40 @@
 """The notebooks: committed without outputs, and every one executes without a cell error.
 
+A notebook is a stage's (NN_name.ipynb, NN a stage number, first cell "# Stage NN: ... you will
+learn", last cell the stage's exercises) or an appendix (AK_name.ipynb, first cell "# Appendix
+AK: ... you will learn"), for a lesson that belongs to no stage.
+
 The execution test runs scripts/run_notebooks.py, the same runner `make notebooks` uses, in a
 subprocess with this interpreter and environment: each notebook in a fresh Jupyter kernel, the
 executed copies in build/notebooks/. It builds what the notebooks need (reusing the builds of
-the other tests), so it takes a few minutes on a small machine.
+the other tests), so it takes a few minutes on a small machine. Then it reads the executed copies:
+each must hold a picture (an image/png output), drawn when it ran.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from workbook import stages
+from workbook import exercises, stages
 from workbook.notebook import pythonpath_with_common
 
 REPO = stages.REPO
 RUNNER = REPO / "scripts" / "run_notebooks.py"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+APPENDIX = re.compile(r"A\d+_")
+
+
+def is_appendix(path):
+    return APPENDIX.match(path.name) is not None
+
+
+def stage_of(path):
+    """The stage a stage notebook belongs to (its first two characters are the number)."""
+    return stages.get(int(path.name[:2]))
 
 
 def runner_env():
@@ -28,8 +44,9 @@ def runner_env():
 
 def test_every_notebook_belongs_to_a_stage():
     numbers = {f"{s.number:02d}" for s in stages.all_stages()}
-    strays = [p.name for p in NOTEBOOKS if p.name[:2] not in numbers]
-    assert not strays, f"notebooks without a stage of their number: {strays}"
+    strays = [p.name for p in NOTEBOOKS if p.name[:2] not in numbers and not is_appendix(p)]
+    assert not strays, (f"notebooks neither of a stage (NN_name, NN a stage number) nor an "
+                        f"appendix (AK_name): {strays}")
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -45,12 +62,38 @@ def test_markdown_cells_are_markdown(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
     assert cells, f"{path.name} has no markdown cells: a notebook here is a narrative"
     first = "".join(cells[0]["source"])
-    assert first.startswith("# Stage") and "you will learn" in first, first[:200]
+    title = f"# Appendix {path.name.split('_')[0]}:" if is_appendix(path) else "# Stage"
+    assert first.startswith(title) and "you will learn" in first, first[:200]
     for k, cell in enumerate(cells):
         lines = "".join(cell["source"]).splitlines()
         assert not (len(lines) > 1 and all(ln.startswith("#") for ln in lines)), (
             f"{path.name}, markdown cell {k}: every line starts with '#'"
         )
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not is_appendix(p)],
+                         ids=[p.stem for p in NOTEBOOKS if not is_appendix(p)])
+def test_stage_notebooks_end_with_their_exercises(path):
+    # The last cell names every exercise marked in the stage's sources, and the commands.
+    stage = stage_of(path)
+    number, found = stage.number, exercises.find(stage)
+    if not found:
+        pytest.skip(f"{stage.label} marks no exercises in its sources")
+    last = json.loads(path.read_text())["cells"][-1]
+    text = "".join(last["source"])
+    assert last["cell_type"] == "markdown" and text.startswith("## Exercises"), (
+        f"{path.name}: the last cell is not the exercises: {text[:120]!r}")
+    for command in (f"make exercise {number}", f"make check {number}", "RESET=1", "diff -ru"):
+        assert command in text, f"{path.name}: the exercises do not say `{command}`"
+    missing = [e.name for e in found if f"`{e.name}`" not in text]
+    assert not missing, f"{path.name}: the exercises cell leaves out {missing}"
+
+
+def images_in(executed) -> int:
+    """How many image/png outputs the cells of an executed notebook hold."""
+    cells = json.loads(executed.read_text())["cells"]
+    return sum("image/png" in output.get("data", {})
+               for cell in cells if cell["cell_type"] == "code" for output in cell["outputs"])
 
 
 def test_notebooks_execute():
@@ -60,3 +103,7 @@ def test_notebooks_execute():
                           stderr=subprocess.STDOUT, text=True)
     print(proc.stdout)  # per-notebook progress and times, shown by pytest -rA or on failure
     assert proc.returncode == 0, proc.stdout[-6000:]
+    # Every notebook draws at least one picture when it runs (none is committed).
+    executed = stages.build_root() / "notebooks"
+    without = [p.name for p in NOTEBOOKS if images_in(executed / p.name) == 0]
+    assert not without, f"executed notebooks without a picture (an image/png output): {without}"

@@ -9,6 +9,7 @@
     reference   plain PyTorch versions of every op: the references and the eager baselines
     testing     the shared test base: the checks every stage's tests call
     suite       the test runner: one pytest process per stage, then tests/
+    exercises   exercises carved from the stages' sources: list, carve, check, reveal
     lltm        the autograd.Function and nn.Module of the pybind11 LLTM stages (02-04)
     timing      timing primitives (torch.utils.benchmark medians, IQR)
     notebook    the notebooks' helpers (source excerpts, commands, tables, sweeps, plots)

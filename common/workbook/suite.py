@@ -5,7 +5,8 @@
     python -m workbook.suite 5 -- -k opcheck -x                      (pytest options after --)
 
 The tests marked `template` (a stage generated or copied, then built and tested, in a copy of
-the repository: minutes each) are left to `make test-template`.
+the repository: minutes each) are left to `make test-template`, and those marked `exercises`
+(every stage carved, built and tested) to `make test-exercises`.
 
 Why a process per stage: a stage's package, and the op namespace a torch.library stage
 registers, load once per process. Stages 06 and 07 both build `extops`, and a stage copied under
@@ -22,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import stages
@@ -45,17 +47,22 @@ class Part:
         return self.exit_code == 0
 
 
-def run_part(part: Part, extra: list[str]) -> Part:
-    """Run pytest on the part's paths, streaming its output; fill in the outcome."""
+def run_part(part: Part, extra: list[str], env: dict[str, str] | None = None,
+             on_line: Callable[[str], None] | None = None) -> Part:
+    """Run pytest on the part's paths, streaming its output; fill in the outcome. `env`: the
+    environment of the pytest process (workbook.sanitize's, say), this one's by default;
+    `on_line`: called with each line of output too (workbook.sanitize looks for reports)."""
     print(f"\n[test] ===== {part.label}: pytest {' '.join(_short(p) for p in part.paths)}",
           flush=True)
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     with subprocess.Popen([*PYTEST, *map(str, part.paths), *part.options, *extra], cwd=REPO,
                           env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
             print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line)
             match = SUMMARY.match(line.strip())
             if match:
                 part.summary = match.group(1)
@@ -75,7 +82,7 @@ def parts_for(targets: list[str]) -> list[Part]:
     if targets == ["all"]:
         chosen = stages.all_stages()
         extra = [Part("tests/ (tools, notebooks, benchmark)", [REPO / "tests"],
-                      ["-m", "not template"])]
+                      ["-m", "not template and not exercises"])]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra

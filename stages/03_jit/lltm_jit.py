@@ -34,6 +34,7 @@ def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = Fals
     well under a second; changed, ninja recompiles what changed. The build folder is returned
     by `build.jit_dir(name)`: build.ninja, the object files and `<name>.so` live there.
     """
+    # EXERCISE jit-load: compile `sources` just in time with load(), into build.jit_dir(name)
     return load(
         name=name,
         sources=[str(s) for s in sources],
@@ -42,6 +43,7 @@ def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = Fals
         build_directory=str(build.jit_dir(name)),
         verbose=verbose,
     )
+    # END EXERCISE jit-load
 
 
 _C = load_extension(verbose=os.environ.get("WORKBOOK_VERBOSE_BUILD") == "1")

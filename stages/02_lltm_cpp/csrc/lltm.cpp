@@ -45,6 +45,7 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
                                      const at::Tensor& old_cell) {
   workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CPU);
 
+  // EXERCISE lltm-forward: G = [h, x] W^T + b, then c' and h' (the cell above); return {h', c', G}
   const auto X = at::cat({old_h, input}, /*dim=*/1);
   const auto gates = at::addmm(bias, X, weights.t());  // b + X W^T, one GEMM
 
@@ -57,6 +58,7 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
   const auto new_h = at::tanh(new_cell) * output_gate;
 
   return {new_h, new_cell, gates};
+  // END EXERCISE lltm-forward
 }
 
 // Given dL/dh' and dL/dc', the gradients of every input, in the order
@@ -68,6 +70,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
                                         c10::DeviceType::CPU);
 
+  // EXERCISE lltm-backward: the 5 gradients: through c' and h' to dG, then through G = X W^T + b
   const auto chunks = gates.chunk(3, /*dim=*/1);
   const auto input_gate = at::sigmoid(chunks[0]);
   const auto output_gate = at::sigmoid(chunks[1]);
@@ -95,6 +98,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   const auto d_input = d_X.slice(/*dim=*/1, state);
 
   return {d_input, d_weights, d_bias, d_old_h, /*d_old_cell=*/d_new_cell};
+  // END EXERCISE lltm-backward
 }
 
 }  // namespace

@@ -65,6 +65,7 @@ __global__ void lltm_forward_kernel(const scalar_t* __restrict__ gates,
                                     scalar_t* __restrict__ new_h, scalar_t* __restrict__ new_cell,
                                     index_t state, index_t numel) {
   using opmath_t = at::opmath_type<scalar_t>;
+  // EXERCISE cuda-forward-kernel: element n = (b, s): new_cell[n] and new_h[n] from its 3 gates
   const index_t n = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= numel) return;
   const index_t b = n / state, s = n - b * state;
@@ -77,6 +78,7 @@ __global__ void lltm_forward_kernel(const scalar_t* __restrict__ gates,
   const opmath_t cell = static_cast<opmath_t>(old_cell[n]) + candidate * input_gate;
   new_cell[n] = static_cast<scalar_t>(cell);
   new_h[n] = static_cast<scalar_t>(std::tanh(cell) * output_gate);
+  // END EXERCISE cuda-forward-kernel
 }
 
 // Bytes per element: reads grad_h, grad_cell, new_cell, gates (3): 6 values; writes d_gates (3)
@@ -91,6 +93,7 @@ __global__ void lltm_backward_kernel(const scalar_t* __restrict__ grad_h,
                                      scalar_t* __restrict__ d_old_cell, index_t state,
                                      index_t numel) {
   using opmath_t = at::opmath_type<scalar_t>;
+  // EXERCISE cuda-backward-kernel: element n = (b, s): d_old_cell[n] and its 3 d_gates (see above)
   const index_t n = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= numel) return;
   const index_t b = n / state, s = n - b * state;
@@ -117,15 +120,18 @@ __global__ void lltm_backward_kernel(const scalar_t* __restrict__ grad_h,
   d_row[s] = static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) * d_input_gate);
   d_row[state + s] = static_cast<scalar_t>(dh * tanh_cell * d_output_gate);
   d_row[2 * state + s] = static_cast<scalar_t>(d_cell * input_gate * workbook::d_elu(g_candidate));
+  // END EXERCISE cuda-backward-kernel
 }
 
 // Enough blocks of kThreads for numel elements; CUDA allows up to 2^31 - 1 blocks in x. Called
 // with numel > 0 (the launchers return early on empty tensors: a grid of 0 blocks is an invalid
 // launch).
 unsigned int blocks_for(int64_t numel) {
+  // EXERCISE cuda-launch: how many blocks of kThreads cover numel elements (at most INT32_MAX)
   const int64_t blocks = workbook::ceil_div<int64_t>(numel, kThreads);
   TORCH_CHECK(blocks <= INT32_MAX, "lltm: ", numel, " elements need more than 2^31 - 1 blocks");
   return static_cast<unsigned int>(blocks);
+  // END EXERCISE cuda-launch
 }
 
 // The largest tensor a kernel indexes is the B x 3S gates: when it fits in int32, so does every

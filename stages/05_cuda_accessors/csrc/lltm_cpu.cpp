@@ -98,6 +98,7 @@ constexpr bool kSimd = std::is_same_v<scalar_t, at::opmath_type<scalar_t>>;
 template <typename scalar_t>
 void lltm_forward_kernel(const scalar_t* gates, const scalar_t* old_cell, scalar_t* new_h,
                          scalar_t* new_cell, int64_t batch, int64_t state) {
+  // EXERCISE cpu-fused-kernel: new_cell, new_h of every (b, s) in one pass, via parallel_over_rows
   using opmath_t = at::opmath_type<scalar_t>;
   parallel_over_rows(batch, state, [&](int64_t b, int64_t s_begin, int64_t s_end) {
     const scalar_t* input_gates = gates + b * 3 * state;
@@ -127,6 +128,7 @@ void lltm_forward_kernel(const scalar_t* gates, const scalar_t* old_cell, scalar
       h_out[s] = static_cast<scalar_t>(std::tanh(cell) * output_gate);
     }
   });
+  // END EXERCISE cpu-fused-kernel
 }
 
 // Bytes per element: reads grad_h, grad_cell, new_cell, gates (3): 6 values; writes d_gates (3)

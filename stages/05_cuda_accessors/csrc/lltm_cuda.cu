@@ -91,6 +91,7 @@ __global__ void lltm_forward_kernel(InputMatrix<scalar_t, index_t> gates,
                                     Matrix<scalar_t, index_t> new_h,
                                     Matrix<scalar_t, index_t> new_cell) {
   using opmath_t = at::opmath_type<scalar_t>;
+  // EXERCISE accessor-kernel: new_h[b][s], new_cell[b][s] via the accessors: s on x, rows b on y
   const index_t batch = old_cell.size(0), state = old_cell.size(1);
   const index_t s = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= state) return;
@@ -106,6 +107,7 @@ __global__ void lltm_forward_kernel(InputMatrix<scalar_t, index_t> gates,
     new_cell[b][s] = static_cast<scalar_t>(cell);
     new_h[b][s] = static_cast<scalar_t>(std::tanh(cell) * output_gate);
   }
+  // END EXERCISE accessor-kernel
 }
 
 // Bytes per element: reads grad_h, grad_cell, new_cell, gates (3): 6 values; writes d_gates (3)

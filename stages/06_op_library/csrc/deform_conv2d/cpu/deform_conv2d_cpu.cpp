@@ -243,10 +243,12 @@ void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T*
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
       for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
+        // EXERCISE bilinear-sample: entry e: base[e] (corner c0's pixel), weight[4e + c] = mask w_c
         const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
         const int64_t e = t * GK + gk;
         base[e] = pb.plane.base(s);
         for (int c = 0; c < 4; ++c) weight[4 * e + c] = scale * s.weight(c);
+        // END EXERCISE bilinear-sample
       });
     }
   });
@@ -392,6 +394,7 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
                    x0 + row + run.c0, x0 + row + C + run.c0, run.c1 - run.c0);
         }
         const std::array<T, 4> acc = dots.fold();
+        // EXERCISE bilinear-gradient: grad_offset (m sum_j dw_j A_j), grad_mask (sum_j w_j A_j)
         T d_y = T(0), d_x = T(0), d_m = T(0);
         for (int j = 0; j < 4; ++j) {
           d_y += s.d_weight_dy(j) * acc[j];
@@ -404,6 +407,7 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
           grad_offset[(n * 2 * GK + 2 * gk + 1) * P + p] = scale * d_x;
         }
         if (grad_mask != nullptr) grad_mask[(n * GK + gk) * P + p] = d_m;
+        // END EXERCISE bilinear-gradient
       });
     }
   });

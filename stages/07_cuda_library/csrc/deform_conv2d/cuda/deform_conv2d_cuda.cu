@@ -210,6 +210,7 @@ __global__ void __launch_bounds__(kThreads)
                           const scalar_t* __restrict__ offset, const scalar_t* __restrict__ mask,
                           scalar_t* __restrict__ columns, index_t per_slice) {
   using T = at::opmath_type<scalar_t>;
+  // EXERCISE deform-cuda-sampling: per sample: locate, mask, then each channel's m sum_j w_j v_j
   for (int64_t t = first_item(); t < s.samples; t += item_stride()) {
     const SampleIndex<index_t> d = decode_sample(s, static_cast<index_t>(t));
     const Sample<T> sample = locate_sample<T>(s, offset, d);
@@ -235,6 +236,7 @@ __global__ void __launch_bounds__(kThreads)
       *out = static_cast<scalar_t>(w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3]);
     }
   }
+  // END EXERCISE deform-cuda-sampling
 }
 
 // col2im with atomics (the default backward): the same threads as im2col, each adding

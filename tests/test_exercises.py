@@ -1,0 +1,389 @@
+"""The exercises carved from the stages (workbook.exercises): the markers, carving and putting
+the solutions back, the check's report; and, marked `exercises` (make test-exercises, minutes),
+every stage carved for real: the copy builds, and fails the tests of its exercises.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbook import exercises, stages, testing, toolkit
+
+REPO = stages.REPO
+STAGES = stages.all_stages()
+
+# The exercise names the notebooks refer to, per stage folder.
+NAMES = {
+    "01_z2xy": ["z2xy-backward"],
+    "02_lltm_cpp": ["lltm-forward", "lltm-backward"],
+    "03_jit": ["jit-load"],
+    "04_cuda_raw": ["cuda-forward-kernel", "cuda-backward-kernel", "cuda-launch"],
+    "05_cuda_accessors": ["cpu-fused-kernel", "accessor-kernel", "library-registration"],
+    "06_op_library": ["bilinear-sample", "bilinear-gradient"],
+    "07_cuda_library": ["deform-cuda-sampling"],
+}
+
+
+def stage_ids(s):
+    return s.folder
+
+
+# ----------------------------------------------------------------------------------------------
+# The markers
+
+
+@pytest.mark.parametrize("s", STAGES, ids=stage_ids)
+def test_every_stage_marks_exercises(s):
+    found = exercises.find(s)  # raises on unbalanced, nested or misspelt markers
+    assert found, f"{s.label} marks no exercise: put `// EXERCISE <name>: <task>` ... " \
+                  f"`// END EXERCISE <name>` around the code a learner should write"
+    if s.folder in NAMES:
+        assert [e.name for e in found] == NAMES[s.folder]
+
+
+def test_exercise_names_are_unique_across_the_workbook():
+    seen = {}
+    for s in STAGES:
+        for e in exercises.find(s):
+            assert e.name not in seen, f"{e.name} is an exercise of {seen[e.name]} and {s.label}"
+            seen[e.name] = s.label
+
+
+@pytest.mark.parametrize("s", STAGES, ids=stage_ids)
+def test_the_tests_named_for_each_exercise_exist(s):
+    for e in exercises.find(s):
+        for test in e.checked_by:
+            file, _, function = test.partition("::")
+            path = s.source_dir / file
+            assert path.is_file(), f"{e.name}: checked by {test}, but {path} is missing"
+            if function:
+                assert f"def {function}(" in path.read_text(), (
+                    f"{e.name}: checked by {test}, but {file} has no {function}")
+
+
+def parse_error(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(exercises.ExerciseError) as error:
+        exercises.parse(text, path)
+    return str(error.value)
+
+
+def test_unreadable_markers_are_refused_saying_where(tmp_path):
+    body = "  int x = 1;\n"
+    assert ":2: `END EXERCISE a` without" in parse_error(
+        tmp_path, "a.cpp", "int f() {\n  // END EXERCISE a\n}\n")
+    assert ":1: exercise 'a' has no `END EXERCISE a`" in parse_error(
+        tmp_path, "b.cpp", "// EXERCISE a: do it\n" + body)
+    assert "starts inside exercise 'a'" in parse_error(
+        tmp_path, "c.cpp", "// EXERCISE a: x\n// EXERCISE b: y\n" + body)
+    assert "closes exercise 'a'" in parse_error(
+        tmp_path, "d.cpp", "// EXERCISE a: x\n" + body + "// END EXERCISE b\n")
+    assert "marks exercises with `//`, got `#`" in parse_error(
+        tmp_path, "e.cpp", "# EXERCISE a: x\n" + body + "# END EXERCISE a\n")
+    assert "a marker must read" in parse_error(tmp_path, "f.py", "# EXERCISE a\nx = 1\n")
+    assert "is empty" in parse_error(tmp_path, "g.py", "# EXERCISE a: x\n# END EXERCISE a\n")
+    assert "marked 2 times" in parse_error(
+        tmp_path, "h.py", "# EXERCISE a: x\nx = 1\n# END EXERCISE a\n" * 2)
+    assert "indented like" in parse_error(
+        tmp_path, "i.py", "    # EXERCISE a: x\n    x = 1\n# END EXERCISE a\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Carving and putting back
+
+
+def files_of(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not exercises._skipped(p.relative_to(folder))}
+
+
+@pytest.mark.parametrize("s", STAGES, ids=stage_ids)
+def test_carving_then_restoring_gives_the_stage_back_byte_for_byte(s, tmp_path):
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    original, carved = files_of(s.source_dir), files_of(work)
+    assert carved.keys() == original.keys()
+    found = exercises.find(s)
+    changed = {e.relpath for e in found}
+    for name, data in original.items():
+        if name not in changed:
+            assert carved[name] == data, f"{name} holds no exercise but was changed"
+            continue
+        text = carved[name].decode()
+        assert text != data.decode()
+        for e in found:
+            if e.relpath == name:
+                body = exercises.region_body(text, work / name, e.name)
+                assert f"TODO(exercise {e.name})" in body
+                assert exercises.region_body(data.decode(), s.source_dir / name, e.name) not in (
+                    body, "")
+        # Un-carving with the stage's text, file by file ...
+        restored = exercises.restore_text(text, data.decode(), work / name)
+        assert restored.encode() == data
+    # ... and `reveal`, one exercise at a time, on the copy itself.
+    for e in found:
+        assert exercises.reveal(s, [e.name], work=work) == [e.name]
+    assert files_of(work) == original
+
+
+def test_the_todo_fails_the_way_the_code_runs():
+    """Host code raises naming the exercise, Python raises NotImplementedError, a CUDA kernel's
+    body is left empty (a kernel cannot raise); a host function keeps no unreachable return."""
+    kinds = {}
+    for s in STAGES:
+        for e in exercises.find(s):
+            lines = "".join(exercises.stub(e))
+            if e.comment == "#":
+                kinds[e.name] = "python"
+                assert "raise NotImplementedError(" in lines
+            else:
+                kinds[e.name] = exercises.context(e)
+            assert f"TODO(exercise {e.name})" in lines
+    assert kinds["z2xy-backward"] == ("host", True)
+    assert kinds["cuda-launch"] == ("host", True)
+    assert kinds["cuda-forward-kernel"] == ("device", False)
+    assert kinds["accessor-kernel"] == ("device", False)
+    assert kinds["deform-cuda-sampling"] == ("device", False)
+    assert kinds["cpu-fused-kernel"] == ("host", False)
+    assert kinds["bilinear-sample"] == ("host", False)  # a lambda inside at::parallel_for
+    assert kinds["library-registration"] == "python"
+    for name in ("cuda-forward-kernel", "deform-cuda-sampling"):
+        e = next(e for s in STAGES for e in exercises.find(s) if e.name == name)
+        assert "TORCH_CHECK" not in "".join(exercises.stub(e))
+
+
+def fake_stage(tmp_path, files):
+    folder = tmp_path / "09_fake"
+    folder.mkdir()
+    (folder / "stage.toml").write_text('title = "t"\npackage = "fake"\nops = []\nbuild = "setup"\n')
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return stages.read(folder)
+
+
+def test_host_device_code_raises_on_the_host_and_returns_on_the_device(tmp_path):
+    header = ("#pragma once\nnamespace w {\ntemplate <typename T>\nstruct S {\n  T ly;\n"
+              "  WORKBOOK_HOST_DEVICE T weight(int c) const {\n"
+              "    // EXERCISE weight: the weight of corner c\n"
+              "    return c ? ly : T(1) - ly;\n    // END EXERCISE weight\n  }\n};\n}\n")
+    kernel = ("namespace {\ntemplate <typename T>\n__global__ void __launch_bounds__(256)\n"
+              "    k(T* out) {\n  for (int i = 0; i < 4; ++i) {\n"
+              "    // EXERCISE k-body: out[i]\n    out[i] = T(i);\n    // END EXERCISE k-body\n"
+              "  }\n}\n}  // namespace\n")
+    outside = "// EXERCISE loose: not in a function\nint x = 1;\n// END EXERCISE loose\n"
+    s = fake_stage(tmp_path, {"csrc/s.h": header, "csrc/k.cu": kernel})
+    weight, body = sorted(exercises.find(s), key=lambda e: e.name, reverse=True)
+    assert exercises.context(weight) == ("host_device", True)
+    stub = "".join(exercises.stub(weight))
+    assert "#if !defined(__CUDA_ARCH__)\n" in stub and "TORCH_CHECK(false," in stub
+    assert stub.endswith("#endif\n    return {};\n")
+    assert exercises.context(body) == ("device", False)
+    assert "TORCH_CHECK" not in "".join(exercises.stub(body)) and body.gpu_only
+    (s.source_dir / "csrc" / "loose.cpp").write_text(outside)
+    loose = exercises.get(s, "loose")
+    with pytest.raises(exercises.ExerciseError, match=r"loose.cpp:1: exercise 'loose' is not "
+                                                      r"inside a function body"):
+        exercises.context(loose)
+
+
+def test_a_new_stage_marks_its_kernel_as_an_exercise(tmp_path):
+    template = REPO / "scripts" / "new_stage" / "csrc" / "cpu" / "op_cpu.cpp.tmpl"
+    text = template.read_text().replace("{{op}}", "scale_add").replace("{{NN}}", "09")
+    s = fake_stage(tmp_path, {"csrc/cpu/scale_add_cpu.cpp": text})
+    (e,) = exercises.find(s)
+    assert e.name == "scale_add-cpu-kernel" and exercises.context(e) == ("host", False)
+
+
+def test_carve_refuses_to_replace_a_copy_unless_reset(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path / "build"))
+    s = stages.get(1)
+    work = exercises.carve(s, tmp_path / "work", quiet=True)
+    mine = work / "csrc" / "z2xy.cpp"
+    mine.write_text(mine.read_text() + "// my work\n")
+    with pytest.raises(FileExistsError, match=r"exists already \(your work\).*make exercise 1 "
+                                              r"RESET=1"):
+        exercises.carve(s, work, quiet=True)
+    exercises.carve(s, work, reset=True)
+    assert "// my work" not in mine.read_text()
+    kept = tmp_path / "build" / "exercises" / s.folder / "previous" / "csrc" / "z2xy.cpp"
+    assert kept.read_text().endswith("// my work\n")
+    out = capsys.readouterr().out
+    assert "previous copy is kept in" in out and f"diff -ru stages/{s.folder}" in out
+
+
+def test_sync_writes_only_what_changed(tmp_path):
+    source, target = tmp_path / "a", tmp_path / "b"
+    (source / "csrc").mkdir(parents=True)
+    (source / "csrc" / "x.cpp").write_text("one")
+    (source / "y.py").write_text("two")
+    (source / "__pycache__").mkdir()
+    (source / "__pycache__" / "y.pyc").write_text("junk")
+    exercises._sync(source, target)
+    assert files_of(target) == {"csrc/x.cpp": b"one", "y.py": b"two"}
+    assert not (target / "__pycache__").exists()
+    old = time.time() - 1000
+    os.utime(target / "y.py", (old, old))
+    (source / "csrc" / "x.cpp").write_text("three")
+    (source / "y.py").unlink()
+    (source / "z.h").write_text("four")
+    exercises._sync(source, target)
+    assert files_of(target) == {"csrc/x.cpp": b"three", "z.h": b"four"}
+    (source / "z.h").write_text("four")
+    os.utime(target / "z.h", (old, old))
+    exercises._sync(source, target)  # same bytes: left alone, mtime and all
+    assert (target / "z.h").stat().st_mtime == pytest.approx(old)
+
+
+def junit(tmp_path, cases, file="test_lltm_cpp.py"):
+    rows = []
+    for name, outcome, message in cases:
+        child = {"failed": f'<failure message="{message}">trace</failure>',
+                 "skipped": f'<skipped message="{message}"/>', "passed": ""}[outcome]
+        rows.append(f'<testcase classname="{file[:-3]}" name="{name}" file="{file}" line="1">'
+                    f'{child}</testcase>')
+    path = tmp_path / "report.xml"
+    path.write_text(f'<testsuites><testsuite name="pytest">{"".join(rows)}</testsuite>'
+                    f'</testsuites>')
+    return exercises._read_junit(path)
+
+
+def test_the_summary_names_what_fails(tmp_path, capsys):
+    s = stages.get(2)
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    exercises.reveal(s, ["lltm-forward"], work=work)
+    todo = "RuntimeError: exercise lltm-backward is not done yet: the 5 gradients"
+    results = [
+        ("test_against_reference[cpu-float32-b1]", "passed", ""),
+        ("test_against_reference[cpu-float32-b2]", "failed", todo),
+        ("test_gradcheck[cpu-float64-b1]", "failed", todo),
+        ("test_forward_records_nothing_without_grad[cpu]", "passed", ""),
+        ("test_layouts[strided]", "passed", ""),
+        ("test_bad_input[cpu-x]", "failed", "AssertionError: wrong message"),
+    ]
+    report = exercises.Report(s, True, junit(tmp_path, results))
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    out = capsys.readouterr().out
+    # The forward's tests fail only at the backward's TODO: nothing against the forward yet.
+    assert report.status == {"lltm-forward": "waiting", "lltm-backward": "TODO"}
+    assert report.exit_code == 1
+    assert "3 failed, 3 passed, 0 skipped" in out
+    assert "stop at the TODO of lltm-backward" in out
+    assert "test_gradcheck (1 of 1 failed): gradients against finite differences" in out
+    assert f"e.g. test_gradcheck[cpu-float64-b1]: {todo}" in out
+    assert "failing beyond the exercises' own tests: test_bad_input" in out
+    assert "NOT DONE: lltm-backward (lltm-forward: no failure of its own so far)" in out
+
+    results[4] = ("test_layouts[strided]", "failed", "AssertionError: output 0 differs")
+    report = exercises.Report(s, True, junit(tmp_path, results))
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    assert report.status["lltm-forward"] == "FAILS"
+    assert "NOT DONE: lltm-forward, lltm-backward." in capsys.readouterr().out
+
+    exercises.reveal(s, work=work)
+    report = exercises.Report(s, True, junit(tmp_path, [
+        ("test_against_reference[cpu]", "passed", ""), ("test_gradcheck[cpu]", "passed", ""),
+        ("test_layouts[strided]", "passed", "")]))
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    assert report.status == {"lltm-forward": "ok", "lltm-backward": "ok"}
+    assert report.exit_code == 0 and "DONE: every exercise" in capsys.readouterr().out
+
+
+def test_a_gpu_exercise_not_run_here_is_said_so(tmp_path, capsys):
+    s = stages.get(4)
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    report = exercises.Report(s, True, junit(tmp_path, [
+        ("test_against_reference[cuda]", "skipped", "no CUDA device visible"),
+        ("test_edge_cases[cuda]", "skipped", "no CUDA device visible"),
+        ("test_gradcheck[cuda]", "skipped", "no CUDA device visible")],
+        file="test_lltm_cuda_raw.py"))
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    out = capsys.readouterr().out
+    assert set(report.status.values()) == {"not run here"} and report.exit_code == 0
+    assert "(skipped: no CUDA device visible)" in out and "could not be run here" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line and the Makefile
+
+
+def run(*args, **kwargs):
+    return subprocess.run(list(args), cwd=REPO, capture_output=True, text=True, timeout=120,
+                          **kwargs)
+
+
+def test_the_command_line_lists_and_refuses_clearly(tmp_path):
+    listed = run(sys.executable, "-m", "workbook.exercises", "list", "2")
+    assert listed.returncode == 0 and "lltm-forward" in listed.stdout, listed.stderr
+    assert "checked by test_lltm_cpp.py: test_against_reference" in listed.stdout
+    unknown = run(sys.executable, "-m", "workbook.exercises", "carve", "42")
+    assert unknown.returncode == 2 and "unknown stage '42'" in unknown.stderr
+    env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path))
+    if not exercises.work_copy(stages.get(7)).exists():
+        missing = run(sys.executable, "-m", "workbook.exercises", "check", "7", env=env)
+        assert missing.returncode == 2 and "`make exercise 7` makes one" in missing.stderr
+
+
+def test_make_help_lists_the_exercise_targets():
+    out = run("make", "-s", "help").stdout
+    for target in ("make exercise N", "make check N", "make test-exercises"):
+        assert target in out, f"make help does not mention {target}"
+
+
+def test_make_test_leaves_the_exercise_tests_to_make_test_exercises():
+    from workbook import suite
+
+    options = suite.parts_for(["all"])[-1].options
+    assert "not exercises" in " ".join(options) and "not template" in " ".join(options)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every stage carved for real (make test-exercises)
+
+
+@pytest.mark.exercises
+@pytest.mark.parametrize("s", STAGES, ids=stage_ids)
+def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
+    """Carve the stage, build the copy as `make check` does and run the tests of every exercise
+    this machine can run: each must fail (the TODOs really remove the work). Exercises carved
+    together may fail through one another (the LLTM backward needs its forward): each must fail,
+    whatever the cause, and some failure must name an exercise.
+
+    Without a GPU the exercises in CUDA files cannot run: the build compiles them (CUDA-only
+    builds of stages whose other exercises run on the CPU), or, where no exercise runs here at
+    all, the carved CUDA files are compiled alone (the stage's other files are its own, which
+    `make test` builds); then the test is skipped, naming the missing GPU. A stage whose
+    exercises are all on the CPU builds CPU-only."""
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    found = exercises.find(s)
+    runnable = [e for e in found if not e.gpu_only or testing.NO_CUDA is None]
+    not_here = [e for e in found if e not in runnable]
+    nvcc = toolkit.find() is not None
+    if runnable:
+        cpu_only = s.cuda and s.cpu_fallback and testing.NO_CUDA is not None and not not_here
+        report = exercises.check(s, work, base=tmp_path / "check",
+                                 tests=[t for e in runnable for t in e.checked_by],
+                                 env={"WORKBOOK_NO_CUDA": "1"} if cpu_only else None)
+        assert report.built, f"the carved copy of {s.label} does not build"
+        assert report.exit_code == 1
+        named = [r for r in report.failed() if "is not done yet" in r.message]
+        assert named, f"no failure of {s.label}'s carved copy names an exercise"
+        for e in runnable:
+            assert report.status[e.name] == "TODO"
+            failed = [r for r in report.failed() if r.function in e.checked_by]
+            assert failed, f"{e.name}: carved out, yet none of its tests fails"
+    elif not_here and nvcc:
+        started = time.perf_counter()
+        compiled = exercises.compile_carved(work, s, tmp_path / "compiled")
+        assert {p.name for p in compiled} == {Path(e.relpath).name for e in not_here}
+        print(f"[test] {s.label}: compiled {', '.join(p.name for p in compiled)} alone "
+              f"in {time.perf_counter() - started:.0f} s")
+    if not_here:
+        done = "compiled" if nvcc else f"not even compiled ({toolkit.reason()})"
+        pytest.skip(f"{', '.join(e.name for e in not_here)} {done} but not run: the tests of "
+                    f"CUDA code need a GPU ({testing.NO_CUDA})")
