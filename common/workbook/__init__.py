@@ -9,10 +9,15 @@
     reference   plain PyTorch versions of every op: the references and the eager baselines
     testing     the shared test base: the checks every stage's tests call
     suite       the test runner: one pytest process per stage, then tests/
+    matrix      hostile-input tables per op, each row run eager, on meta and compiled, in a
+                child process (tests/test_matrix.py)
+    fuzz        hypothesis strategies for the ops' inputs (tests/test_fuzz.py, make fuzz)
+    sanitize    the stages built with ASan+UBSan and tested on it (make sanitize)
     exercises   exercises carved from the stages' sources: list, carve, check, reveal
     lltm        the autograd.Function and nn.Module of the pybind11 LLTM stages (02-04)
     timing      timing primitives (torch.utils.benchmark medians, IQR)
     notebook    the notebooks' helpers (source excerpts, commands, tables, sweeps, plots)
+    pictures    the notebooks' pictures, each checked against real tensors before it is drawn
 
 Installed in editable mode into the Makefile's .venv (scripts/bootstrap.sh); with PYTHON=, the
 Makefile puts common/ on PYTHONPATH.
