@@ -64,7 +64,7 @@ extension built and loaded under the sanitizers), a stage built from another sta
 (07: stage 06's CPU kernels, CPU-only, with its package-level tests) and, where nvcc is found, a
 CUDA-only stage (04: its C++ front is instrumented, its kernels are not, and without a GPU only
 its import and refusal tests run); and runs the short fuzzing profile and the concurrency test
-on the production build: about 23 minutes on the same machine, more than CI has room for.
+on the production build: about 22 minutes on the same machine, more than CI has room for.
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         built = f"build {r.build_s:4.0f} ({r.build_cpu_s:4.0f}), " if r.build_s else ""
         times = f"{built:<18}tests {r.test_s:4.0f} ({r.test_cpu_s:4.0f})" if r.test_s else built
-        print(f"  {r.status:<7} {r.label:<28} {times:<37} {r.note}")
+        print(f"  {r.status:<7} {r.label:<34} {times:<37} {r.note}")
     cpu = sum(r.build_cpu_s + r.test_cpu_s for r in results)
     failed = [r for r in results if r.status == "FAIL"]
     if failed:
