@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from . import errors
 from ._checks import check_dense, check_reverse_mode_only
 
 _INT64_MAX = 2**63 - 1
@@ -35,6 +36,13 @@ _OUT_W_WHY = ("out_w of the convolution: (width + 2 * padding - dilation * (kern
 
 # ----------------------------------------------------------------------------------------------
 # Checks: workbook/deform_conv2d_checks.h, line for line.
+
+
+def _fits_int64(size) -> bool:
+    # A symbolic size (torch.export or torch.compile with a dynamic dimension) is checked by the
+    # kernel when it runs on a real one; as a guard here it would only narrow the exported range
+    # (torch.export refuses a Dim("batch") whose range the guard does not cover).
+    return isinstance(size, torch.SymInt) or size <= _INT64_MAX
 
 
 def _check_dim(op, name, t, ndim, what):
@@ -60,10 +68,10 @@ def _check_int_pair(op, name, values, minimum, must_be):
 def _output_size(op, dim, k_name, size, kernel, padding, dilation, index, stride):
     pad, dil = padding[index], dilation[index]
     padded, extent = size + 2 * pad, dil * (kernel - 1) + 1
-    torch._check_value(padded <= _INT64_MAX,
+    torch._check_value(_fits_int64(padded),
                        lambda: f"{op}: `padding` {list(padding)} is too large: {dim} + 2 * padding "
                                f"overflows a 64-bit integer ({dim} {size})")
-    torch._check_value(extent <= _INT64_MAX,
+    torch._check_value(_fits_int64(extent),
                        lambda: f"{op}: `dilation` {list(dilation)} is too large: dilation * "
                                f"({k_name} - 1) + 1 overflows a 64-bit integer ({k_name} {kernel})")
     torch._check_value(padded >= extent,
@@ -129,7 +137,7 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
                        lambda: f"{op}: `weight` must have a kernel of at least 1 x 1 (dimensions 2 "
                                f"and 3), got sizes {list(weight.shape)}")
     taps = kernel_h * kernel_w
-    torch._check_value(taps <= _INT64_MAX,
+    torch._check_value(_fits_int64(taps),
                        lambda: f"{op}: `weight` must have at most 2^63 - 1 kernel taps (kernel_h * "
                                f"kernel_w), got sizes {list(weight.shape)}")
 
@@ -161,10 +169,10 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
     if bias is not None:
         _check_size(op, "bias", bias, 0, out_channels, "out_channels of `weight`")
 
-    torch._check_value(batch * out_channels * out_h * out_w <= _INT64_MAX,
+    torch._check_value(_fits_int64(batch * out_channels * out_h * out_w),
                        lambda: f"{op}: the output [{batch}, {out_channels}, {out_h}, {out_w}] "
                                f"would have more than 2^63 - 1 elements")
-    torch._check_value(in_channels * taps * out_h * out_w <= _INT64_MAX,
+    torch._check_value(_fits_int64(in_channels * taps * out_h * out_w),
                        lambda: f"{op}: the sampled columns of one image [{in_channels} * "
                                f"{kernel_h} * {kernel_w}, {out_h} * {out_w}] would have more than "
                                f"2^63 - 1 elements")
@@ -298,7 +306,12 @@ def _int_pair(owner: str, name: str, value) -> tuple:
     return items
 
 
-def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
+_Pair = int | tuple[int, int] | list[int]
+
+
+def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | None = None,
+                  stride: _Pair = 1, padding: _Pair = 0, dilation: _Pair = 1,
+                  mask: Tensor | None = None) -> Tensor:
     """Deformable convolution: torchvision.ops.deform_conv2d's arguments and results.
 
     input [N, C, H, W]; offset [N, 2 G kh kw, Ho, Wo] with (dy, dx) of offset group g, tap
@@ -308,7 +321,28 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     differentiable (reverse mode) in input, offset, weight, bias and mask. Inside a torch.autocast
     region the inputs are cast to the region's dtype (csrc/deform_conv2d/autocast/). Forward-mode
     AD and torch.func's gradient transforms are refused (_checks.check_reverse_mode_only).
+
+    Bad input raises extops.ExtopsValueError or ExtopsTypeError, which `except RuntimeError`
+    catches too (extops/errors.py). Under torch.jit.script it calls the op directly, whose C++
+    checks name the argument alike.
     """
+    if torch.jit.is_scripting():
+        return torch.ops.extops.deform_conv2d(input, offset, weight, bias, _script_pair(stride),
+                                              _script_pair(padding), _script_pair(dilation), mask)
+    return errors.call(_deform_conv2d_eager, input, offset, weight, bias, stride, padding,
+                       dilation, mask)
+
+
+def _script_pair(value: _Pair) -> list[int]:
+    # TorchScript only: the op's `int[2]` as a list (its C++ checks refuse another length).
+    if isinstance(value, int):
+        return [value, value]
+    if isinstance(value, tuple):
+        return [value[0], value[1]]
+    return value
+
+
+def _deform_conv2d_eager(input, offset, weight, bias, stride, padding, dilation, mask):
     for name, value in (("input", input), ("offset", offset), ("weight", weight)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"deform_conv2d: `{name}` must be a tensor, got {type(value).__name__}")
@@ -377,15 +411,17 @@ def _conv_repr(m, extra="") -> str:
 class DeformConv2d(nn.Module):
     """A deformable convolution layer: torchvision.ops.DeformConv2d's arguments and init.
 
-    forward(input, offset, mask=None): the offsets (and the mask) come from the caller.
+    forward(input, offset, mask=None): the offsets (and the mask) come from the caller. Its
+    parameters are torchvision's (`weight`, `bias`), so a torchvision.ops.DeformConv2d state dict
+    loads as it is; torch.jit.script takes the module.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True):
         super().__init__()
-        self.kernel_size, self.stride, self.padding, self.dilation = _check_module_args(
-            type(self).__name__, in_channels, out_channels, kernel_size, stride, padding,
-            dilation, groups, bias)
+        self.kernel_size, self.stride, self.padding, self.dilation = errors.call(
+            _check_module_args, type(self).__name__, in_channels, out_channels, kernel_size,
+            stride, padding, dilation, groups, bias)
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
                                                *self.kernel_size))
@@ -395,7 +431,7 @@ class DeformConv2d(nn.Module):
     def reset_parameters(self) -> None:
         _reset_conv_parameters(self.weight, self.bias)
 
-    def forward(self, input, offset, mask=None):
+    def forward(self, input: Tensor, offset: Tensor, mask: Tensor | None = None) -> Tensor:
         return deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding,
                              self.dilation, mask)
 
@@ -413,14 +449,31 @@ class DCNv2(nn.Module):
     and can replace an nn.Conv2d of a pretrained backbone (copy the conv's weight and bias in)
     without changing its output until the offsets learn something. Not a DeformConv2d subclass:
     its forward takes no offsets.
+
+    mmcv checkpoints: mmcv's ModulatedDeformConv2dPack is the same block (its `conv_offset` is
+    this `offset_mask`, with the same channels: the (dy, dx) pairs, then the mask logits) with the
+    mask sigmoid(logit). DCNv2(..., mask_activation="sigmoid") computes mmcv's outputs and loads
+    its state dict as it is (`conv_offset.*` is read as `offset_mask.*`); loading those keys into
+    a block with the default "2sigmoid" is refused, since it would compute something else.
     """
 
+    MASK_ACTIVATIONS = ("2sigmoid", "sigmoid")
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, offset_groups=1, bias=True):
+                 groups=1, offset_groups=1, bias=True, mask_activation="2sigmoid"):
         super().__init__()
-        self.kernel_size, self.stride, self.padding, self.dilation = _check_module_args(
-            type(self).__name__, in_channels, out_channels, kernel_size, stride, padding,
-            dilation, groups, bias, offset_groups)
+        self.kernel_size, self.stride, self.padding, self.dilation = errors.call(
+            _check_module_args, type(self).__name__, in_channels, out_channels, kernel_size,
+            stride, padding, dilation, groups, bias, offset_groups)
+        if not isinstance(mask_activation, str):
+            raise errors.ExtopsTypeError(f"DCNv2: `mask_activation` must be a str, \"2sigmoid\" "
+                                         f"or \"sigmoid\", got {type(mask_activation).__name__}")
+        if mask_activation not in self.MASK_ACTIVATIONS:
+            raise errors.ExtopsValueError(
+                f"DCNv2: `mask_activation` must be \"2sigmoid\" (extops' own: a fresh block is "
+                f"the plain convolution) or \"sigmoid\" (mmcv's ModulatedDeformConv2dPack), got "
+                f"{mask_activation!r}")
+        self.mask_activation = mask_activation
         self.in_channels, self.out_channels = in_channels, out_channels
         self.groups, self.offset_groups = groups, offset_groups
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups,
@@ -438,19 +491,41 @@ class DCNv2(nn.Module):
         nn.init.zeros_(self.offset_mask.weight)
         nn.init.zeros_(self.offset_mask.bias)
 
-    def forward(self, input):
+    def forward(self, input: Tensor) -> Tensor:
         taps = self._taps()
-        offset, logits = self.offset_mask(input).split([2 * taps, taps], dim=1)
+        offset_and_logits = self.offset_mask(input).split([2 * taps, taps], dim=1)
+        offset, logits = offset_and_logits[0], offset_and_logits[1]
         # A copy, not the split's view: autograd saves the offsets, and under torch.compile
         # (dynamic shapes, batch 1, a conv after this block) Inductor fails to order the strides
         # of a saved view of a channels-last conv output (torch 2.14). The copy is 2 G kh kw
         # values per position, against C kh kw for the op's columns.
         offset = offset.clone(memory_format=torch.contiguous_format)
+        mask = torch.sigmoid(logits)
+        if self.mask_activation == "2sigmoid":
+            mask = 2 * mask
         return deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding,
-                             self.dilation, 2 * torch.sigmoid(logits))
+                             self.dilation, mask)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # mmcv's ModulatedDeformConv2dPack names the offset-and-mask convolution `conv_offset`.
+        mmcv = [k for k in state_dict if k.startswith(f"{prefix}conv_offset.")]
+        if mmcv and self.mask_activation != "sigmoid":
+            error_msgs.append(
+                f"DCNv2 `{prefix or '(root)'}`: the state dict has mmcv's keys "
+                f"({', '.join(mmcv)}): mmcv's ModulatedDeformConv2dPack computes its mask as "
+                f"sigmoid(logit), this block as 2 sigmoid(logit); build it with "
+                f"mask_activation=\"sigmoid\" to load them")
+        for key in mmcv:
+            state_dict[f"{prefix}offset_mask." + key[len(f"{prefix}conv_offset."):]] = \
+                state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
         extra = f", offset_groups={self.offset_groups}" if self.offset_groups != 1 else ""
+        extra += (f", mask_activation={self.mask_activation!r}"
+                  if self.mask_activation != "2sigmoid" else "")
         return _conv_repr(self, extra)
 
 

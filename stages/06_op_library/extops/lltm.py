@@ -22,7 +22,9 @@ import math
 import operator
 
 import torch
+from torch import Tensor
 
+from . import errors
 from ._checks import check_dense, check_reverse_mode_only
 
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -119,7 +121,8 @@ def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
             input.new_empty(batch, state))
 
 
-def lltm(input, weights, bias, old_h, old_cell):
+def lltm(input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor,
+         old_cell: Tensor) -> tuple[Tensor, Tensor]:
     """One LLTM step: (new_h, new_cell), differentiable (reverse mode) in every input.
 
     input [B, F], weights [3S, S + F], bias [3S], old_h and old_cell [B, S]; dense tensors of one
@@ -130,7 +133,17 @@ def lltm(input, weights, bias, old_h, old_cell):
 
     The op itself, torch.ops.extops.lltm_forward, returns a third output, the pre-activation
     gates: an intermediate for its backward, not differentiable, and not part of this form.
+
+    Bad input raises extops.ExtopsValueError or ExtopsTypeError, which `except RuntimeError`
+    catches too (extops/errors.py). Under torch.jit.script it calls the op directly.
     """
+    if torch.jit.is_scripting():
+        outputs = torch.ops.extops.lltm_forward(input, weights, bias, old_h, old_cell)
+        return outputs[0], outputs[1]
+    return errors.call(_lltm_eager, input, weights, bias, old_h, old_cell)
+
+
+def _lltm_eager(input, weights, bias, old_h, old_cell):
     tensors = (input, weights, bias, old_h, old_cell)
     for name, value in zip(_FORWARD_NAMES, tensors):
         if not isinstance(value, torch.Tensor):
@@ -171,16 +184,18 @@ class LLTM(torch.nn.Module):
     """An LLTM cell with `input_features` inputs and `state_size` state.
 
     forward(input, (h, c)) -> (new_h, new_cell). Weights and bias start uniform in
-    +-1/sqrt(state_size), as in torch.nn.LSTM.
+    +-1/sqrt(state_size), as in torch.nn.LSTM. torch.jit.script takes the module.
     """
 
     def __init__(self, input_features: int, state_size: int, *, device=None, dtype=None):
         super().__init__()
-        input_features = check_size_arg("extops.LLTM", "input_features", input_features)
-        state_size = check_size_arg("extops.LLTM", "state_size", state_size)
+        input_features = errors.call(check_size_arg, "extops.LLTM", "input_features",
+                                     input_features)
+        state_size = errors.call(check_size_arg, "extops.LLTM", "state_size", state_size)
         if dtype is not None and dtype not in _DTYPES:
-            raise TypeError(f"extops.LLTM: `dtype` must be torch.float64, float32, float16 or "
-                            f"bfloat16 (or None: the default dtype), got {dtype}")
+            raise errors.ExtopsTypeError(
+                f"extops.LLTM: `dtype` must be torch.float64, float32, float16 or bfloat16 (or "
+                f"None: the default dtype), got {dtype}")
         self.input_features = input_features
         self.state_size = state_size
         factory = {"device": device, "dtype": dtype}
@@ -196,8 +211,10 @@ class LLTM(torch.nn.Module):
             self.weights.uniform_(-bound, bound)
             self.bias.uniform_(-bound, bound)
 
-    def forward(self, input: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
-        old_h, old_cell = check_state("extops.LLTM", state)
+    def forward(self, input: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        if torch.jit.is_scripting():
+            return lltm(input, self.weights, self.bias, state[0], state[1])
+        old_h, old_cell = errors.call(check_state, "extops.LLTM", state)
         return lltm(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self) -> str:
