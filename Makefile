@@ -38,7 +38,8 @@ STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
-	lint gpu-check test-template fuzz sanitize exercise check test-exercises clean distclean env \
+	lint gpu-check test-template fuzz sanitize exercise check test-exercises book book-check clean \
+	distclean env \
 	env-check $(STAGE_GOALS)
 
 help:
@@ -62,6 +63,9 @@ help:
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
+	@echo "  make book        the workbook as a static site, build/book/index.html: lessons, diffs,"
+	@echo "                   executed notebooks with their pictures (executes stale notebooks first)"
+	@echo "  make book-check  make book, then its link/image test and every page in headless Chromium"
 	@echo "  make new-stage NAME=my_op   start a stage of your own from the production pattern"
 	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
 	@echo "  make gpu-check   on a GPU machine: build, test, sanitize and time the CUDA stages (OUT=dir)"
@@ -164,6 +168,21 @@ bench: $(ENV_READY)
 # NB=03 runs only the notebooks whose name contains 03.
 notebooks: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/run_notebooks.py $(NB)
+
+# The book: a static site of the stage lessons, their diffs and the executed notebooks, under
+# build/book/ (scripts/book.py says what goes in). It reuses the executed copies in
+# build/notebooks/ that are current and executes the others; REUSE=1 takes them as they are.
+# mistune and Pygments come from requirements-book.txt, installed on first use.
+book: $(ENV_READY)
+	@$(PY) -c "import mistune, pygments" 2>/dev/null || \
+		$(PY) -m pip install --disable-pip-version-check --quiet -r $(REPO)/requirements-book.txt
+	@$(PY) $(REPO)/scripts/book.py $(if $(filter 1 yes true,$(REUSE)),--reuse)
+
+# The book checked: the link/image test (tests/test_book.py, against the book just built), then
+# every page in headless Chromium (Debian's chromium), screenshots in build/book/shots/.
+book-check: book
+	@WORKBOOK_BOOK=$(BUILD)/book $(PY) -m pytest -q -rs $(REPO)/tests/test_book.py
+	@$(PY) $(REPO)/scripts/book_browser.py --book $(BUILD)/book
 
 # JupyterLab on notebooks/, in this environment. Not a requirement: installed into the
 # environment the first time `make lab` runs.

@@ -15,8 +15,10 @@ page's footer says which torch on which machine produced the outputs, and when.
 
 The executed notebooks are the copies `make notebooks` (and the notebook test of `make test`)
 write to build/notebooks/. A copy is current when it has no error output and is newer than its
-notebook and than every file under common/, stages/ and bench/results/ (what a notebook may
-import or read); the others are executed again with scripts/run_notebooks.py, the same runner.
+notebook and than every file it may import or read: under common/, bench/results/, and its own
+stage folder and those of the stages before it (all of them for an appendix). The others are
+executed again with scripts/run_notebooks.py, the same runner; a notebook that fails stops the
+book (it shows executed notebooks only). --reuse (make book REUSE=1) shows the copies as they are.
 
 No network: the pages link no script, font or style sheet from elsewhere (there is no script at
 all); the styles are scripts/book_theme/book.css and Pygments' colours, written beside the pages.
@@ -49,8 +51,9 @@ from workbook import exercises, stages  # noqa: E402
 NOTEBOOKS = REPO / "notebooks"
 THEME = REPO / "scripts" / "book_theme"
 RUNNER = REPO / "scripts" / "run_notebooks.py"
-# What a notebook may import or read: a change under these makes its executed copy stale.
-NOTEBOOK_INPUTS = ("common", "stages", "bench/results")
+# Read by every notebook: a change under these makes its executed copy stale (so does a change to
+# its own stage or an earlier one: inputs_of).
+NOTEBOOK_INPUTS = ("common", "bench/results")
 SKIPPED_PARTS = {"__pycache__", "build", ".ipynb_checkpoints", ".pytest_cache"}
 APPENDIX = re.compile(r"^A\d+_")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -96,11 +99,21 @@ def appendices() -> list[Path]:
     return [p for p in find_notebooks() if APPENDIX.match(p.name)]
 
 
-def newest_input() -> tuple[float, Path | None]:
-    """The newest file a notebook may depend on (under NOTEBOOK_INPUTS), and its time."""
+def inputs_of(notebook: Path) -> list[Path]:
+    """What a notebook may import or read: common/, bench/results/, and the stage folders up to
+    its own (a stage's notebook builds on and compares with the stages before it); all of them
+    for an appendix."""
+    number = int(notebook.name[:2]) if notebook.name[:2].isdigit() else None
+    folders = [REPO / top for top in NOTEBOOK_INPUTS]
+    folders += [s.source_dir for s in stages.all_stages() if number is None or s.number <= number]
+    return folders
+
+
+def newest_in(folders: list[Path]) -> tuple[float, Path | None]:
+    """The newest file under the folders (build leftovers skipped), and its time."""
     newest, which = 0.0, None
-    for top in NOTEBOOK_INPUTS:
-        for folder, dirs, files in os.walk(REPO / top):
+    for top in folders:
+        for folder, dirs, files in os.walk(top):
             dirs[:] = [d for d in dirs if d not in SKIPPED_PARTS and not d.endswith(".egg-info")]
             for name in files:
                 path = Path(folder) / name
@@ -134,15 +147,15 @@ def why_stale(notebook: Path, executed: Path, inputs: tuple[float, Path | None])
 def executed_copies(notebooks: list[Path], executed_dir: Path, reuse: bool) -> dict[Path, Path]:
     """notebook -> its current executed copy, executing (with run_notebooks.py) those that are
     missing or stale."""
-    inputs = newest_input()
     stale = {}
     for nb in notebooks:
         copy = executed_dir / nb.name
-        reason = why_stale(nb, copy, inputs)
-        if reason and not (reuse and copy.is_file()):
+        reason = why_stale(nb, copy, newest_in(inputs_of(nb)))
+        if reason and reuse and copy.is_file():
+            log(f"{nb.name}: stale ({reason}), shown as it is (--reuse)")
+        elif reason:
             stale[nb] = reason
-    for nb, reason in stale.items():
-        log(f"{nb.name}: to execute ({reason})")
+            log(f"{nb.name}: to execute ({reason})")
     if stale:
         log(f"executing {len(stale)} of {len(notebooks)} notebooks (minutes; the notebook "
             f"runner's progress follows)")
@@ -151,7 +164,7 @@ def executed_copies(notebooks: list[Path], executed_dir: Path, reuse: bool) -> d
             raise BookError("a notebook failed to execute (see the runner's output above); the "
                             "book shows executed notebooks only")
     else:
-        log(f"all {len(notebooks)} executed notebooks in {rel(executed_dir)} are current")
+        log(f"no notebook to execute: reusing the executed copies in {rel(executed_dir)}")
     missing = [nb.name for nb in notebooks if not (executed_dir / nb.name).is_file()]
     if missing:
         raise BookError(f"no executed copy of {', '.join(missing)} in {executed_dir}")
@@ -196,7 +209,7 @@ class Links:
     an image is copied into the book, beside the pages.
     """
 
-    def __init__(self, book: "Book", source_dir: Path):
+    def __init__(self, book: Book, source_dir: Path):
         self.book, self.source_dir = book, source_dir
 
     def url(self, url: str, image: bool = False) -> str:
@@ -276,7 +289,7 @@ def parse_lesson_diff(text: str) -> list[DiffFile]:
     files: list[DiffFile] = []
     old = new = 0
     sources: dict[str, tuple[list[str], list[str]]] = {}
-    hunk = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+    hunk = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
     same = re.compile(r"^\((\S+) and (\S+) are the same\)$")
 
     def lines_of(name: str) -> tuple[list[str], list[str]]:
@@ -285,35 +298,41 @@ def parse_lesson_diff(text: str) -> list[DiffFile]:
             sources[name] = _file_lines(path) if path.is_file() else ([], [])
         return sources[name]
 
-    def row(kind: str, which: str, number: int, text: str) -> str:
+    def row(which: str, number: int, text: str) -> str:
         plain, coloured = lines_of(which)
         if 0 < number <= len(plain) and plain[number - 1] == text:
             return coloured[number - 1]
         return html.escape(text)
 
+    left = right = 0  # lines of the current hunk still to come, before and after
     for line in text.splitlines():
-        if line.startswith("--- "):
+        if left or right:  # inside a hunk: its counts say where it ends, whatever a line holds
+            kind = {" ": "ctx", "-": "del", "+": "add"}.get(line[:1])
+            if kind is None:
+                raise BookError(f"the lesson diff of {files[-1].after}: a hunk line starting "
+                                f"with {line[:1]!r}: {line!r}")
+            code = line[1:]
+            if kind == "ctx":
+                files[-1].rows.append((kind, old, new, row(files[-1].before, old, code)))
+                old, new, left, right = old + 1, new + 1, left - 1, right - 1
+            elif kind == "del":
+                files[-1].rows.append((kind, old, None, row(files[-1].before, old, code)))
+                old, left = old + 1, left - 1
+            else:
+                files[-1].rows.append((kind, None, new, row(files[-1].after, new, code)))
+                new, right = new + 1, right - 1
+        elif line.startswith("--- "):
             files.append(DiffFile(os.path.normpath(line[4:]), "", []))
         elif line.startswith("+++ ") and files and not files[-1].after:
             files[-1].after = os.path.normpath(line[4:])
         elif match := hunk.match(line):
-            old, new = int(match.group(1)), int(match.group(2))
+            old, left, new, right = (int(match.group(i) or 1) for i in range(1, 5))
             files[-1].rows.append(("hunk", None, None, html.escape(line)))
         elif match := same.match(line):
             files.append(DiffFile(os.path.normpath(match.group(1)),
                                   os.path.normpath(match.group(2)), [], "the same file"))
-        elif not files or not line:
-            if line.strip():
-                files.append(DiffFile("", "", [], line))
-        elif line[0] == " ":
-            files[-1].rows.append(("ctx", old, new, row("ctx", files[-1].before, old, line[1:])))
-            old, new = old + 1, new + 1
-        elif line[0] == "-":
-            files[-1].rows.append(("del", old, None, row("del", files[-1].before, old, line[1:])))
-            old += 1
-        elif line[0] == "+":
-            files[-1].rows.append(("add", None, new, row("add", files[-1].after, new, line[1:])))
-            new += 1
+        elif line.strip():
+            files.append(DiffFile("", "", [], line))
     return files
 
 
@@ -332,7 +351,8 @@ def diff_html(files: list[DiffFile]) -> str:
         if f.note:
             out.append(f"<p>{html.escape(f.note)}</p></div>")
             continue
-        out.append('<table class="diff hl">')
+        out.append('<table class="diff hl"><colgroup><col class="ln"><col class="ln">'
+                   '<col class="sign"><col></colgroup>')
         sign = {"add": "+", "del": "-", "ctx": " "}
         for kind, a, b, code in f.rows:
             if kind == "hunk":
@@ -359,7 +379,7 @@ def count_images(nb: dict) -> int:
                for cell in nb["cells"] for o in cell.get("outputs", []))
 
 
-def render_notebook(nb: dict, book: "Book", stem: str) -> str:
+def render_notebook(nb: dict, book: Book, stem: str) -> str:
     """An executed notebook (nbformat 4, as JSON) as HTML; its images written to img/<stem>/."""
     out, picture = [], 0
     for index, cell in enumerate(nb["cells"]):
@@ -435,14 +455,17 @@ def machine_facts(executed: list[Path]) -> str:
     except OSError:
         pass
     cpu = f"{cpu}, {os.cpu_count()} cores"
-    outputs = " ".join(p.read_text() for p in executed)
-    emulated = (os.environ.get("WORKBOOK_CUDA") == "emulate"
-                or "WORKBOOK_CUDA=emulate" in outputs)
-    if emulated:
-        where = f"CUDA emulated on the CPU (no GPU; timings are not GPU timings): {cpu}"
-    elif torch.cuda.is_available():
+    # The emulated CUDA device (workbook/emulate.py) labels what ran on it "emulated_cuda".
+    outputs = " ".join(_text(o.get("text", "")) + _text(o.get("data", {}).get("text/plain", ""))
+                       for p in executed for cell in json.loads(p.read_text())["cells"]
+                       for o in cell.get("outputs", []))
+    emulated = os.environ.get("WORKBOOK_CUDA") == "emulate" or "emulated_cuda" in outputs
+    if torch.cuda.is_available() and os.environ.get("WORKBOOK_CUDA") != "emulate":
         gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         where = f"GPU: {gpus}; CPU: {cpu}"
+    elif emulated:
+        where = (f"no GPU: CUDA kernels emulated on the CPU (emulated_cuda; not GPU timings), "
+                 f"{cpu}")
     else:
         where = f"CPU only, no GPU (the CUDA cells were skipped): {cpu}"
     when = max((p.stat().st_mtime for p in executed), default=time.time())

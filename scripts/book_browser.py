@@ -8,8 +8,8 @@ For each page it waits for the load event, then fails the run on: a console erro
 exception (what a broken script or a blocked resource reports), an image that did not load
 (complete with a natural width of 0), or any request that is not to a local file (the book must
 read offline; the browser is also started with every host name unresolvable, so such a request
-would fail rather than fetch). Screenshots go to build/book/shots/: the start page, and for two
-stage pages their top and their first picture.
+would fail rather than fetch). Screenshots go to build/book/shots/: the start page, and for the
+first and the last stage's page their top, their lesson diff and their first picture.
 
 Chromium is driven over its DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
 separated by NUL bytes on file descriptors 3 and 4), so the check needs nothing but the Debian
@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -41,14 +43,16 @@ LOAD_TIMEOUT = 30.0
 IMAGES_JS = """(() => {
   const all = Array.from(document.images);
   return {count: all.length,
-          broken: all.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'))};
+          broken: all.filter(i => !(i.complete && i.naturalWidth > 0))
+                     .map(i => i.getAttribute('src'))};
 })()"""
-FIRST_PICTURE_JS = """(() => {
-  const img = document.querySelector('img.nb-picture');
-  if (!img) return false;
-  img.scrollIntoView({block: 'center'});
+# Scroll the first element a selector matches to the middle of the window (false: there is none).
+SCROLL_JS = """(selector => {
+  const element = document.querySelector(selector);
+  if (!element) return false;
+  element.scrollIntoView({block: selector.startsWith('img') ? 'center' : 'start'});
   return true;
-})()"""
+})(%s)"""
 
 
 class BrowserError(RuntimeError):
@@ -102,8 +106,6 @@ class Chromium:
             if self.proc.poll() is not None:
                 raise BrowserError(f"Chromium exited with status {self.proc.returncode} "
                                    f"(its output: {self._log.name})")
-            import select
-
             ready, _, _ = select.select([self._replies], [], [], 0.5)
             if ready:
                 chunk = os.read(self._replies, 1 << 20)
@@ -153,10 +155,8 @@ class Chromium:
                   {**VIEWPORT, "deviceScaleFactor": 1, "mobile": False})
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BrowserError, OSError):
             self.send("Browser.close", session=False, timeout=5)
-        except (BrowserError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -179,7 +179,8 @@ def problems_in(events: list[dict]) -> list[str]:
             found.append(f"console {params['type']}: {text}")
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
-            found.append(f"uncaught exception: {details.get('exception', {}).get('description') or details.get('text')}")
+            thrown = details.get("exception", {}).get("description") or details.get("text")
+            found.append(f"uncaught exception: {thrown}")
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
             found.append(f"console error ({entry.get('source')}): {entry.get('text')} "
@@ -194,21 +195,22 @@ def problems_in(events: list[dict]) -> list[str]:
     return found
 
 
-def check_page(browser: Chromium, page: Path, shots: list[tuple[str, bool]],
+def check_page(browser: Chromium, page: Path, shots: list[tuple[str, str | None]],
                shot_dir: Path) -> tuple[list[str], int]:
-    """Open one page; its problems and its image count. shots: (file name, at first picture)."""
+    """Open one page; its problems and its image count. shots: (file name, CSS selector of what
+    to scroll to first, or None for the top of the page)."""
     browser.events.clear()
     browser.send("Page.navigate", {"url": page.resolve().as_uri()})
     browser.wait_for("Page.loadEventFired")
     images = browser.send("Runtime.evaluate", {"expression": IMAGES_JS,
                                                "returnByValue": True})["result"]["value"]
     problems = [f"image not loaded: {src}" for src in images["broken"]]
-    for name, at_picture in shots:
-        if at_picture:
-            moved = browser.send("Runtime.evaluate", {"expression": FIRST_PICTURE_JS,
-                                                      "returnByValue": True})["result"]["value"]
-            if not moved:
-                problems.append("no notebook picture to take a screenshot of")
+    for name, selector in shots:
+        if selector:
+            scroll = {"expression": SCROLL_JS % json.dumps(selector), "returnByValue": True}
+            found = browser.send("Runtime.evaluate", scroll)["result"]["value"]
+            if not found:
+                problems.append(f"nothing matches {selector} for the screenshot {name}")
                 continue
             time.sleep(0.2)
         shot = browser.send("Page.captureScreenshot", {"format": "png"})
@@ -231,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     shot_dir.mkdir(parents=True, exist_ok=True)
     # Screenshots: the start page, then the first and the last stage (found on disk).
     found = stages.all_stages()
-    shots = {"index.html": [("start.png", False)]}
+    shots = {"index.html": [("start.png", None)]}
     for s in (found[0], found[-1]) if found else ():
-        shots[f"{s.folder}.html"] = [(f"stage-{s.number:02d}.png", False),
-                                     (f"stage-{s.number:02d}-picture.png", True)]
+        shots[f"{s.folder}.html"] = [(f"stage-{s.number:02d}.png", None),
+                                     (f"stage-{s.number:02d}-diff.png", "#the-lesson-as-a-diff"),
+                                     (f"stage-{s.number:02d}-picture.png", "img.nb-picture")]
     pages = sorted(book.glob("*.html"), key=lambda p: (p.name != "index.html", p.name))
     try:
         browser = Chromium(find_chromium(args.chromium), shot_dir / "chromium.log")
