@@ -576,15 +576,19 @@ class Book:
         links = Links(self, REPO)
         rows = []
         for s in self.stages:
-            nb = stage_notebook(s)
-            rows.append(f'<tr><td>{s.number}</td><td><a href="{s.folder}.html">{s.folder}</a></td>'
-                        f"<td>{inline_markdown(s.title)}</td>"
-                        f"<td>{'notebook' if nb else '(no notebook)'}</td></tr>")
+            page = f"{s.folder}.html"
+            parts = [f'<a href="{page}">lesson</a>',
+                     f'<a href="{page}#the-lesson-as-a-diff">diff</a>']
+            if stage_notebook(s):
+                parts.append(f'<a href="{page}#the-notebook">notebook</a>')
+            rows.append(f'<tr><td>{s.number}</td><td><a href="{page}"><code>{s.folder}</code>'
+                        f"</a></td><td>{inline_markdown(s.title)}</td>"
+                        f"<td>{' · '.join(parts)}</td></tr>")
         extra = "".join(f'<li><a href="{p.file}">{html.escape(p.title)}</a></li>'
                         for p in self.pages if p.group in ("Appendices", "More"))
         return (f"{markdown(opening, links)}"
                 f'<h2 id="stages">The stages</h2><table class="stages"><tr><th>stage</th>'
-                f"<th>page</th><th>what it adds</th><th></th></tr>{''.join(rows)}</table>"
+                f"<th>folder</th><th>what it adds</th><th>read</th></tr>{''.join(rows)}</table>"
                 f"<h2 id=\"learn\">Learn</h2>{markdown(learn.split(chr(10), 1)[1], links)}"
                 f'<h2 id="more">Also here</h2><ul>{extra}</ul>')
 
