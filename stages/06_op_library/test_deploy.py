@@ -172,6 +172,17 @@ def test_scripted_module_saved_loaded_equals_eager(which):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_fx_symbolic_trace_records_the_op_as_one_node():
+    extops = package()
+    model = small_model(extops)
+    traced = torch.fx.symbolic_trace(model)
+    calls = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+    assert extops.deform_conv2d in calls
+    x = torch.randn(2, 3, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
 # -- errors: what `except RuntimeError` catches ----------------------------------------------------
 
 

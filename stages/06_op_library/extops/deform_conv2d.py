@@ -333,6 +333,11 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
                        dilation, mask)
 
 
+# torch.fx.symbolic_trace records a call of deform_conv2d from this module's code (the modules'
+# forward) as one node instead of tracing into its checks, which a Proxy cannot pass.
+torch.fx.wrap("deform_conv2d")
+
+
 def _script_pair(value: _Pair) -> list[int]:
     # TorchScript only: the op's `int[2]` as a list (its C++ checks refuse another length).
     if isinstance(value, int):
