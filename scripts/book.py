@@ -44,11 +44,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "common"))
+sys.path[:0] = [str(REPO / "common"), str(REPO / "scripts")]
+
+import run_notebooks  # noqa: E402  (scripts/run_notebooks.py: the notebooks, and how they run)
 
 from workbook import exercises, stages  # noqa: E402
 
-NOTEBOOKS = REPO / "notebooks"
+NOTEBOOKS = run_notebooks.NOTEBOOKS
 THEME = REPO / "scripts" / "book_theme"
 RUNNER = REPO / "scripts" / "run_notebooks.py"
 # Read by every notebook: a change under these makes its executed copy stale (so does a change to
@@ -86,8 +88,8 @@ def rel(path: Path) -> str:
 
 
 def find_notebooks() -> list[Path]:
-    """Stage notebooks (NN_name) in order, then appendices (A1_name, ...), as `make notebooks`."""
-    return sorted(NOTEBOOKS.glob("*.ipynb"), key=lambda p: (not p.name[:2].isdigit(), p.name))
+    """Stage notebooks (NN_name) in order, then appendices (A1_name, ...): `make notebooks`'."""
+    return run_notebooks.find_notebooks([])
 
 
 def stage_notebook(s: stages.Stage) -> Path | None:

@@ -8,7 +8,9 @@ book, broken in one way at a time, fails it, naming what broke.
 The second kind checks the book `make book` built, and runs where WORKBOOK_BOOK names it, as
 `make book-check` does (CI runs that after `make test`, which executes the notebooks): every
 stage page there, every notebook page with as many pictures as its executed copy, every internal
-link and image resolving; and a copy of it with a picture and a page taken away fails.
+link and image resolving; a copy of it with a picture and a page taken away fails the check, and
+one with a console error, a missing picture and a fetch from the network fails the browser check
+(scripts/book_browser.py; where chromium is installed).
 """
 
 import base64
@@ -16,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -180,3 +183,23 @@ def test_the_check_fails_on_a_copy_of_the_built_book_missing_a_picture_and_a_pag
     problems = book.check(out, executed)
     assert f"page {first.folder}.html is missing" in problems
     assert any(p.endswith("points at a missing file") and picture.name in p for p in problems)
+
+
+@needs_built_book
+@pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium: apt-get install chromium")
+def test_the_browser_check_fails_on_a_console_error_a_missing_image_and_a_fetch(tmp_path):
+    out = tmp_path / "book"
+    shutil.copytree(BUILT, out, ignore=shutil.ignore_patterns("shots"))
+    picture = sorted((out / "img").rglob("*.png"))[0]
+    picture.unlink()
+    index = out / "index.html"
+    index.write_text(index.read_text().replace(
+        "</main>", '<script>console.error("planted");</script>'
+        '<img src="https://example.invalid/x.png"></main>'))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "book_browser.py"),
+                           "--book", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "console error: planted" in proc.stdout
+    assert "a request to the network: https://example.invalid/x.png" in proc.stdout
+    assert f"image not loaded: {picture.relative_to(out).as_posix()}" in proc.stdout
+    assert (out / "shots" / "start.png").is_file()
