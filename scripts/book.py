@@ -501,7 +501,8 @@ class Book:
             if page.notebook:
                 self.page_of_source[page.notebook.resolve()] = page.file
         for nb in appendices():
-            page = PageInfo(f"{nb.stem}.html", nb.stem, "Appendices", nb)
+            title = notebook_title(json.loads(nb.read_text()), nb.stem).replace("`", "")
+            page = PageInfo(f"{nb.stem}.html", title, "Appendices", nb)
             self.pages.append(page)
             self.page_of_source[nb.resolve()] = page.file
         self.pages.append(PageInfo("exercises.html", "Exercises", "More"))
@@ -531,7 +532,7 @@ class Book:
                 if group:
                     items.append(f'<li class="group">{html.escape(group)}</li>')
             mark = ' class="current"' if p.file == current else ""
-            label = p.title.split(":")[0] if p.group == "Stages" else p.title
+            label = p.title.split(":")[0] if p.group in ("Stages", "Appendices") else p.title
             items.append(f'<li{mark}><a href="{p.file}" title="{html.escape(p.title)}">'
                          f"{html.escape(label)}</a></li>")
         return "<ul>" + "\n".join(items) + "</ul>"
@@ -634,7 +635,7 @@ class Book:
             rows = "".join(
                 f"<tr><td><code>{html.escape(e.name)}</code>{' [GPU]' if e.gpu_only else ''}</td>"
                 f"<td><code>{html.escape(e.where)}</code></td><td>{html.escape(e.task)}</td>"
-                f"<td>{html.escape(', '.join(e.checked_by))}</td></tr>" for e in found)
+                f"<td>{'<br>'.join(html.escape(t) for t in e.checked_by)}</td></tr>" for e in found)
             parts.append(f'<h2 id="stage-{s.number}"><a href="{s.folder}.html">Stage {s.number}'
                          f"</a>: <code>make exercise {s.number}</code></h2>"
                          f'<table class="exercises"><tr><th>exercise</th><th>where</th>'
@@ -679,8 +680,6 @@ class Book:
                 s = next(s for s in self.stages if f"{s.folder}.html" == info.file)
                 body = self.stage_page(s, info.notebook)
             elif info.group == "Appendices":
-                nb = json.loads((self.executed_dir / info.notebook.name).read_text())
-                info.title = notebook_title(nb, info.notebook.stem)
                 body = (f'<p class="crumb">Appendix · <code>notebooks/{info.notebook.name}</code>'
                         f"</p>{self.notebook_section(info.notebook)}")
             elif info.file == "exercises.html":
