@@ -606,8 +606,14 @@ class Book:
         readme = s.source_dir / "README.md"
         lesson = (markdown(readme.read_text(), Links(self, s.source_dir)) if readme.is_file()
                   else f"<p>{s.folder} has no README.md.</p>")
-        files = parse_lesson_diff(stages.lesson_diff(s))
-        diff = diff_html(files)
+        if s.lesson:
+            diff = diff_html(parse_lesson_diff(stages.lesson_diff(s)))
+        elif s == self.stages[0]:
+            diff = ("<p>The first stage: there is nothing before it to compare with, so its files "
+                    "are the whole lesson.</p>")
+        else:
+            diff = (f"<p>{html.escape(s.folder)}/stage.toml names no lesson pairs "
+                    f"(<code>lesson = [[before, after]]</code>).</p>")
         parts = [f'<p class="crumb">Stage {s.number} · <code>stages/{s.folder}</code> · '
                  f"<code>make stage {s.number}</code></p>",
                  f'<section class="lesson">{lesson}</section>',
