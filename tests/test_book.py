@@ -215,3 +215,24 @@ def test_the_browser_check_fails_on_a_console_error_a_missing_image_and_a_fetch(
     assert "a request to the network: https://example.invalid/x.png" in proc.stdout
     assert f"image not loaded: {picture.relative_to(out).as_posix()}" in proc.stdout
     assert (out / "shots" / "start.png").is_file()
+
+
+def test_an_executed_copy_is_current_until_its_notebook_or_an_input_changes(tmp_path):
+    source, inputs, copy = tmp_path / "01_x.ipynb", tmp_path / "common", tmp_path / "copy.ipynb"
+    inputs.mkdir()
+    (inputs / "helper.py").write_text("x = 1\n")
+    source.write_text(json.dumps(tiny_notebook(0)))
+    assert book.why_stale(source, copy, book.newest_in([inputs])) == "not executed yet"
+    copy.write_text(json.dumps(tiny_notebook(1)))
+    for path, age in ((source, 30), (inputs / "helper.py", 20), (copy, 10)):
+        os.utime(path, (path.stat().st_mtime - age,) * 2)
+    assert book.why_stale(source, copy, book.newest_in([inputs])) is None
+    os.utime(inputs / "helper.py")  # edited now, after the copy ran
+    assert book.why_stale(source, copy, book.newest_in([inputs])).endswith(
+        "helper.py changed since")
+    os.utime(copy)
+    failed = tiny_notebook(1)
+    failed["cells"][1]["outputs"].append({"output_type": "error", "ename": "E", "evalue": "",
+                                          "traceback": []})
+    copy.write_text(json.dumps(failed))
+    assert book.why_stale(source, copy, book.newest_in([inputs])) == "cell 1 ended in an error"
