@@ -24,9 +24,23 @@ What it measures (the harness, bench/harness.py, validates, times and reports):
   targets         at `main`: forward + backward >= 10x torchvision, forward >= 5x torchvision,
                   forward within 3x of F.conv2d, forward + backward >= 2x the grid_sample version,
                   2 threads >= 1.7x 1 thread, peak memory within 1.5x of torchvision's
+  a real backbone torchvision's resnet50 (random init, no download) with the 3x3 convolutions of
+                  its last two stages (layer3, layer4) as DCNv2 blocks, as the DCNv2 paper modifies
+                  ResNet-50: extops.DCNv2, the same block on torchvision's op, and the plain
+                  network; a training step (forward, cross-entropy, backward, SGD) at 1 and 2
+                  threads, peak memory of a step, the first step's gradients of the two deformable
+                  versions from one init, and their loss curves (the section "A real backbone";
+                  smoke: resnet18 at 64 x 64)
 """
 
 from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -257,6 +271,300 @@ def sampling_bandwidth_section(report: dict) -> list[str]:
     return lines + [""]
 
 
+# ----------------------------------------------------------------------------------------------
+# A real backbone: resnet50 with DCNv2 blocks in its last two stages, trained a few steps
+
+BACKBONE = {"arch": "resnet50", "batch": 4, "size": 96, "classes": 10, "steps": 5, "rounds": 3,
+            "curve_steps": 40, "curve_batches": 4, "lr": 0.01, "memory_repeats": 2}
+# Smoke: small, but not so small that batch norm over a 1 x 1 layer4 output of two images makes
+# the gradient comparison ill-conditioned (at 32 x 32 it differs by 1e-4 to 3e-2 between any two
+# float32 summation orders; at 64 x 64 by ~1e-5).
+BACKBONE_SMOKE = {"arch": "resnet18", "batch": 2, "size": 64, "classes": 10, "steps": 2,
+                  "rounds": 1, "curve_steps": 3, "curve_batches": 2, "lr": 0.01,
+                  "memory_repeats": 1}
+NETWORKS = {"extops": "extops.DCNv2", "torchvision": "DCNv2 on torchvision.ops.deform_conv2d",
+            "plain": "plain 3x3 convolutions"}
+
+
+class TorchvisionDCNv2(torch.nn.Module):
+    """extops.DCNv2's block on torchvision's op: the same zero-initialised offset-and-mask conv,
+    mask 2 sigmoid(logit), the same parameter names, so one state dict serves both."""
+
+    def __init__(self, conv: torch.nn.Conv2d):
+        super().__init__()
+        self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
+        self.taps = conv.kernel_size[0] * conv.kernel_size[1]
+        self.weight = torch.nn.Parameter(conv.weight.detach().clone())
+        self.bias = None if conv.bias is None else torch.nn.Parameter(conv.bias.detach().clone())
+        self.offset_mask = torch.nn.Conv2d(conv.in_channels, 3 * self.taps, conv.kernel_size,
+                                           conv.stride, conv.padding, conv.dilation)
+        torch.nn.init.zeros_(self.offset_mask.weight)
+        torch.nn.init.zeros_(self.offset_mask.bias)
+
+    def forward(self, x):
+        import torchvision.ops
+
+        offset, logits = self.offset_mask(x).split([2 * self.taps, self.taps], dim=1)
+        return torchvision.ops.deform_conv2d(x, offset.contiguous(), self.weight, self.bias,
+                                             self.stride, self.padding, self.dilation,
+                                             2 * torch.sigmoid(logits))
+
+
+def _extops_block(extops, conv: torch.nn.Conv2d) -> torch.nn.Module:
+    block = extops.DCNv2(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                         conv.padding, conv.dilation, conv.groups, bias=conv.bias is not None)
+    with torch.no_grad():
+        block.weight.copy_(conv.weight)
+        if conv.bias is not None:
+            block.bias.copy_(conv.bias)
+    return block
+
+
+def backbone(network: str, arch: str, classes: int, seed: int = 0, extops=None):
+    """torchvision.models.<arch> from `seed` (random init: nothing is downloaded); for "extops"
+    and "torchvision" the 3x3 convolutions of layer3 and layer4 become DCNv2 blocks holding the
+    same weights (the offsets start at 0 and the mask at 1: the same network at init)."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=classes)
+    if network == "plain":
+        return model
+    for stage in (model.layer3, model.layer4):
+        for name, module in list(stage.named_modules()):
+            if isinstance(module, torch.nn.Conv2d) and module.kernel_size == (3, 3):
+                parent_name, _, leaf = name.rpartition(".")
+                parent = stage.get_submodule(parent_name) if parent_name else stage
+                block = (_extops_block(extops, module) if network == "extops"
+                         else TorchvisionDCNv2(module))
+                setattr(parent, leaf, block)
+    return model
+
+
+def _batches(sizes: dict, count: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(sizes["batch"], 3, sizes["size"], sizes["size"], generator=g),
+             torch.randint(0, sizes["classes"], (sizes["batch"],), generator=g))
+            for _ in range(count)]
+
+
+def _train_step(model, optimizer, x, y) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _trainer(network: str, sizes: dict, extops, device: str):
+    model = backbone(network, sizes["arch"], sizes["classes"], extops=extops).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=sizes["lr"], momentum=0.9)
+    x, y = (t.to(device) for t in _batches(sizes, 1)[0])
+
+    def step():
+        _train_step(model, optimizer, x, y)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def _first_step_gradients(sizes: dict, extops) -> dict:
+    """One step's gradients of the two deformable networks from one init and one batch: the
+    worst relative difference (max |a - b| / max |b| per parameter) and where."""
+    x, y = _batches(sizes, 1)[0]
+    grads = {}
+    for network in ("extops", "torchvision"):
+        model = backbone(network, sizes["arch"], sizes["classes"], extops=extops)
+        F.cross_entropy(model(x), y).backward()
+        grads[network] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    worst, where = 0.0, None
+    for name, theirs in grads["torchvision"].items():
+        scale = theirs.abs().max().item()
+        diff = (grads["extops"][name] - theirs).abs().max().item()
+        rel = diff / scale if scale > 0 else diff
+        if rel > worst:
+            worst, where = rel, name
+    return {"worst_relative": worst, "parameter": where,
+            "parameters": len(grads["torchvision"])}
+
+
+def backbone_memory_probe(request: dict) -> dict:
+    """In a fresh process: peak memory growth of one training step of `request["network"]`
+    (harness.peak_growth_bytes, after a warm-up step)."""
+    torch.set_num_threads(request["threads"])
+    extops = measured_stages()[-1].load()
+    step = _trainer(request["network"], request["sizes"], extops, request["device"])
+    step()
+    return {"samples_MB": [harness.peak_growth_bytes(step, request["device"]) / 2**20
+                           for _ in range(request["repeats"])]}
+
+
+def _memory(network: str, sizes: dict, device: str, threads: int) -> dict:
+    request = {"network": network, "sizes": sizes, "device": device, "threads": threads,
+               "repeats": sizes["memory_repeats"]}
+    code = ("import json, sys\nfrom bench import deform_conv2d as d\n"
+            "print(json.dumps(d.backbone_memory_probe(json.loads(sys.argv[1]))))")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=os.pathsep.join(
+        [str(harness.REPO), str(harness.REPO / "common"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(request)], cwd=harness.REPO,
+                          env=env, capture_output=True, text=True, timeout=1800, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the measuring process failed (exit {proc.returncode}): {why}"}
+    samples = json.loads(lines[-1])["samples_MB"]
+    return {"peak_MB": statistics.median(samples), "samples_MB": samples}
+
+
+def backbone_run(run: harness.DeviceRun) -> None:
+    """The section's measurements, into run.report["backbone"]; its plot of the loss curves."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        run.report["backbone"] = {"skipped": "torchvision is not installed"}
+        return
+    sizes = BACKBONE_SMOKE if run.report.get("smoke") else BACKBONE
+    extops = measured_stages()[-1].load()
+    threads_list = run.plan.thread_counts() if run.device == "cpu" else (None,)
+    run.log(f"\n[bench] backbone: {sizes['arch']} with DCNv2 in layer3 and layer4, batch "
+            f"{sizes['batch']}, {sizes['size']} x {sizes['size']}, training steps (threads "
+            f"{', '.join(str(t) for t in threads_list)})")
+    before = torch.get_num_threads()
+    out = {"sizes": sizes, "networks": NETWORKS, "steps": {}, "memory": {}}
+    rounds = {}
+    try:
+        for _ in range(sizes["rounds"]):  # interleaved: a burst of other work spoils one round
+            for threads in threads_list:
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                for network in NETWORKS:
+                    step = _trainer(network, sizes, extops, run.device)
+                    step()  # warm-up
+                    times = []
+                    for _ in range(sizes["steps"]):
+                        start = time.perf_counter()
+                        step()
+                        times.append(time.perf_counter() - start)
+                    rounds.setdefault((network, threads), []).append(times)
+        for (network, threads), per_round in rounds.items():
+            best = min(per_round, key=statistics.median)
+            median = statistics.median(best)
+            q = statistics.quantiles(best, n=4) if len(best) > 1 else [median, median, median]
+            out["steps"].setdefault(network, {})[str(threads)] = {
+                "median_ms": median * 1e3, "noise": (q[2] - q[0]) / median,
+                "round_medians_ms": [statistics.median(r) * 1e3 for r in per_round]}
+        top = max(t for t in threads_list if t is not None) if run.device == "cpu" else None
+        if top is not None:
+            torch.set_num_threads(top)
+        out["first_step_gradients"] = _first_step_gradients(sizes, extops)
+        curves = {}
+        data = _batches(sizes, sizes["curve_batches"], seed=2)
+        for network in NETWORKS:
+            model = backbone(network, sizes["arch"], sizes["classes"], extops=extops)
+            optimizer = torch.optim.SGD(model.parameters(), lr=sizes["lr"], momentum=0.9)
+            curves[network] = [_train_step(model, optimizer, *data[k % len(data)])
+                               for k in range(sizes["curve_steps"])]
+        out["loss_curves"] = curves
+    finally:
+        torch.set_num_threads(before)
+    for network in NETWORKS:
+        out["memory"][network] = _memory(network, sizes, run.device,
+                                         top if run.device == "cpu" else 1)
+    run.report["backbone"] = out
+    for network, by_threads in out["steps"].items():
+        for threads, t in by_threads.items():
+            run.log(f"  {NETWORKS[network]:<40} threads {threads}: {t['median_ms']:8.1f} ms a "
+                    f"step (noise {t['noise']:.0%})")
+    grads = out["first_step_gradients"]
+    run.log(f"  first step's gradients, extops against torchvision's op: worst relative "
+            f"difference {grads['worst_relative']:.1e} ({grads['parameter']})")
+    _plot_loss_curves(out, run.out_dir / f"{run.report['machine']['slug']}-backbone.png",
+                      run.report)
+
+
+def _plot_loss_curves(out: dict, path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = out["sizes"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for network, losses in out["loss_curves"].items():
+        ax.plot(range(1, len(losses) + 1), losses, label=NETWORKS[network],
+                linestyle="--" if network == "plain" else "-")
+    ax.set_xlabel("training step (SGD, momentum 0.9)")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(f"{sizes['arch']}, DCNv2 in layer3 and layer4, batch {sizes['batch']}, "
+                 f"{sizes['size']} x {sizes['size']}, from one init"
+                 + (" (SMOKE)" if report.get("smoke") else ""), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out["plot"] = path.name
+
+
+def backbone_section(report: dict) -> list[str]:
+    out = report.get("backbone")
+    if not out:
+        return []
+    if "skipped" in out:
+        return ["## A real backbone", "", f"Not run: {out['skipped']}.", ""]
+    sizes = out["sizes"]
+    lines = [f"## A real backbone: {sizes['arch']} with DCNv2 in layer3 and layer4", "",
+             f"torchvision's {sizes['arch']} (random init, {sizes['classes']} classes), its 3x3 "
+             f"convolutions in layer3 and layer4 as DCNv2 blocks (offsets and mask from a "
+             f"zero-initialised conv: the plain network at init), batch {sizes['batch']}, "
+             f"{sizes['size']} x {sizes['size']}, float32. A training step: forward, "
+             f"cross-entropy, backward, SGD (momentum 0.9); median of {sizes['steps']} steps after "
+             f"a warm-up step, the lowest of {sizes['rounds']} interleaved rounds; noise = IQR / "
+             f"median of those steps. Ratios: the other network's step time over this one's "
+             f"(above 1: this one is faster).", "",
+             "| network | threads | step | noise | vs torchvision's op | vs plain convs |",
+             "|---|--:|--:|--:|--:|--:|"]
+    steps = out["steps"]
+    for network, by_threads in steps.items():
+        for threads, t in by_threads.items():
+            ratio = {other: steps[other][threads]["median_ms"] / t["median_ms"]
+                     for other in ("torchvision", "plain") if other in steps}
+            lines.append(f"| {NETWORKS[network]} | {threads} | {t['median_ms']:.1f} ms | "
+                         f"{t['noise']:.0%} | {ratio.get('torchvision', 0):.2f}x | "
+                         f"{ratio.get('plain', 0):.2f}x |")
+    lines += ["", "Peak memory of one training step (growth over the resident size before it, in "
+              "a fresh process per network, as the op's memory above):", "",
+              "| network | peak | samples |", "|---|--:|--:|"]
+    for network, m in out["memory"].items():
+        if "error" in m:
+            lines.append(f"| {NETWORKS[network]} | - | {m['error']} |")
+        else:
+            lines.append(f"| {NETWORKS[network]} | {m['peak_MB']:.0f} MB | "
+                         f"{', '.join(f'{v:.0f}' for v in m['samples_MB'])} |")
+    grads = out.get("first_step_gradients")
+    if grads:
+        lines += ["", f"First step from one init, on one batch: the gradients of the "
+                  f"{grads['parameters']} parameters of the extops network against the "
+                  f"torchvision one differ by at most **{grads['worst_relative']:.1e}** relative "
+                  f"to the parameter's largest gradient (`{grads['parameter']}`)."]
+    if out.get("plot"):
+        lines += ["", f"Loss curves from that init ({sizes['curve_steps']} steps over "
+                  f"{sizes['curve_batches']} batches): the two deformable networks start equal and "
+                  f"drift apart slowly (at near-integer sampling points the offset gradient jumps, "
+                  f"and float32 rounding decides the side, in every implementation).", "",
+                  f"![loss curves]({out['plot']})"]
+    return lines + [""]
+
+
+def measure_extra(run: harness.DeviceRun) -> None:
+    sampling_bandwidth(run)
+    backbone_run(run)
+
+
+def markdown_extra(report: dict) -> list[str]:
+    return sampling_bandwidth_section(report) + backbone_section(report)
+
+
 BENCH = harness.OpBench(
     op="deform_conv2d",
     title="Deformable convolution benchmark",
@@ -269,6 +577,6 @@ BENCH = harness.OpBench(
     targets=targets,
     floor="conv2d",
     floor_phrase="F.conv2d of the same shape",
-    measure_extra=sampling_bandwidth,
-    markdown_extra=sampling_bandwidth_section,
+    measure_extra=measure_extra,
+    markdown_extra=markdown_extra,
 )
