@@ -368,7 +368,7 @@ def _trainer(network: str, sizes: dict, extops, device: str):
     return step
 
 
-def _first_step_gradients(sizes: dict, extops) -> dict:
+def first_step_gradients(sizes: dict, extops) -> dict:
     """One step's gradients of the two deformable networks from one init and one batch: the
     worst relative difference (max |a - b| / max |b| per parameter) and where."""
     x, y = _batches(sizes, 1)[0]
@@ -386,6 +386,19 @@ def _first_step_gradients(sizes: dict, extops) -> dict:
             worst, where = rel, name
     return {"worst_relative": worst, "parameter": where,
             "parameters": len(grads["torchvision"])}
+
+
+def loss_curves(sizes: dict, extops) -> dict[str, list[float]]:
+    """Each network trained `curve_steps` SGD steps from one init over `curve_batches` batches:
+    {network: [loss of each step]}."""
+    curves = {}
+    data = _batches(sizes, sizes["curve_batches"], seed=2)
+    for network in NETWORKS:
+        model = backbone(network, sizes["arch"], sizes["classes"], extops=extops)
+        optimizer = torch.optim.SGD(model.parameters(), lr=sizes["lr"], momentum=0.9)
+        curves[network] = [_train_step(model, optimizer, *data[k % len(data)])
+                           for k in range(sizes["curve_steps"])]
+    return curves
 
 
 def backbone_memory_probe(request: dict) -> dict:
@@ -456,15 +469,8 @@ def backbone_run(run: harness.DeviceRun) -> None:
         top = max(t for t in threads_list if t is not None) if run.device == "cpu" else None
         if top is not None:
             torch.set_num_threads(top)
-        out["first_step_gradients"] = _first_step_gradients(sizes, extops)
-        curves = {}
-        data = _batches(sizes, sizes["curve_batches"], seed=2)
-        for network in NETWORKS:
-            model = backbone(network, sizes["arch"], sizes["classes"], extops=extops)
-            optimizer = torch.optim.SGD(model.parameters(), lr=sizes["lr"], momentum=0.9)
-            curves[network] = [_train_step(model, optimizer, *data[k % len(data)])
-                               for k in range(sizes["curve_steps"])]
-        out["loss_curves"] = curves
+        out["first_step_gradients"] = first_step_gradients(sizes, extops)
+        out["loss_curves"] = loss_curves(sizes, extops)
     finally:
         torch.set_num_threads(before)
     for network in NETWORKS:
@@ -482,23 +488,26 @@ def backbone_run(run: harness.DeviceRun) -> None:
                       run.report)
 
 
+def draw_loss_curves(ax, curves: dict, sizes: dict, suffix: str = "") -> None:
+    for network, losses in curves.items():
+        ax.plot(range(1, len(losses) + 1), losses, label=NETWORKS[network],
+                linestyle="--" if network == "plain" else "-")
+    ax.set_xlabel("training step (SGD, momentum 0.9)")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(f"{sizes['arch']}, DCNv2 in layer3 and layer4, batch {sizes['batch']}, "
+                 f"{sizes['size']} x {sizes['size']}, from one init{suffix}", fontsize=9)
+    ax.legend()
+
+
 def _plot_loss_curves(out: dict, path, report: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = out["sizes"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for network, losses in out["loss_curves"].items():
-        ax.plot(range(1, len(losses) + 1), losses, label=NETWORKS[network],
-                linestyle="--" if network == "plain" else "-")
-    ax.set_xlabel("training step (SGD, momentum 0.9)")
-    ax.set_ylabel("cross-entropy loss")
-    ax.set_title(f"{sizes['arch']}, DCNv2 in layer3 and layer4, batch {sizes['batch']}, "
-                 f"{sizes['size']} x {sizes['size']}, from one init"
-                 + (" (SMOKE)" if report.get("smoke") else ""), fontsize=9)
-    ax.legend()
+    draw_loss_curves(ax, out["loss_curves"], out["sizes"],
+                     " (SMOKE)" if report.get("smoke") else "")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
