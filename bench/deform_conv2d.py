@@ -279,9 +279,11 @@ BACKBONE = {"arch": "resnet50", "batch": 4, "size": 96, "classes": 10, "steps": 
 # Smoke: small, but not so small that batch norm over a 1 x 1 layer4 output of two images makes
 # the gradient comparison ill-conditioned (at 32 x 32 it differs by 1e-4 to 3e-2 between any two
 # float32 summation orders; at 64 x 64 by ~1e-5).
-BACKBONE_SMOKE = {"arch": "resnet18", "batch": 2, "size": 64, "classes": 10, "steps": 2,
-                  "rounds": 1, "curve_steps": 3, "curve_batches": 2, "lr": 0.01,
-                  "memory_repeats": 1}
+# The smoke run checks that every piece works, in seconds: one thread count, and the memory of
+# one network (the probe is the same for each).
+BACKBONE_SMOKE = {"arch": "resnet18", "batch": 2, "size": 64, "classes": 10, "steps": 1,
+                  "rounds": 1, "curve_steps": 2, "curve_batches": 2, "lr": 0.01,
+                  "memory_repeats": 1, "threads": 1, "memory_of": ["extops"]}
 NETWORKS = {"extops": "extops.DCNv2", "torchvision": "DCNv2 on torchvision.ops.deform_conv2d",
             "plain": "plain 3x3 convolutions"}
 
@@ -439,6 +441,8 @@ def backbone_run(run: harness.DeviceRun) -> None:
     sizes = BACKBONE_SMOKE if run.report.get("smoke") else BACKBONE
     extops = measured_stages()[-1].load()
     threads_list = run.plan.thread_counts() if run.device == "cpu" else (None,)
+    if run.device == "cpu" and "threads" in sizes:
+        threads_list = (sizes["threads"],)
     run.log(f"\n[bench] backbone: {sizes['arch']} with DCNv2 in layer3 and layer4, batch "
             f"{sizes['batch']}, {sizes['size']} x {sizes['size']}, training steps (threads "
             f"{', '.join(str(t) for t in threads_list)})")
@@ -473,7 +477,7 @@ def backbone_run(run: harness.DeviceRun) -> None:
         out["loss_curves"] = loss_curves(sizes, extops)
     finally:
         torch.set_num_threads(before)
-    for network in NETWORKS:
+    for network in sizes.get("memory_of", NETWORKS):
         out["memory"][network] = _memory(network, sizes, run.device,
                                          top if run.device == "cpu" else 1)
     run.report["backbone"] = out
