@@ -378,12 +378,24 @@ def prepare() -> None:
 def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
     """Build stage N if needed and import its package. JIT stages build themselves on import.
 
+    Where the CUDA tests run on the emulated device (workbook.emulate), a CUDA stage's kernels
+    are built for it too: as an add-on registered beside the package's own kernels, or, for a
+    stage whose .cu files are launchers behind a C++ front (stage 04), as an emulated copy of
+    the package, which is then the one imported.
+
     Raises StageConflict when another stage's package of the same name is already imported
     (a copied stage, or stages 06 and 07, which both build `extops`): one per process.
     """
+    from . import emulate
+
     s = stage(number_or_folder)
     tools_on_path()
-    path = build_stage(s, quiet=quiet) if s.kind == "setup" else s.source_dir
+    emulated = s.cuda and emulate.active()
+    whole = emulated and emulate.plan(s).whole
+    if whole:
+        path = emulate.load_stage(s)
+    else:
+        path = build_stage(s, quiet=quiet) if s.kind == "setup" else s.source_dir
     loaded = sys.modules.get(s.package)
     if loaded is not None:
         origin = Path(getattr(loaded, "__file__", None) or "/").resolve()
@@ -392,10 +404,13 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
                 f"{s.label} provides the package `{s.package}`, which this process has already "
                 f"imported from {origin.parent}; a package loads once per process, so test this "
                 f"stage in a process of its own (`make stage {s.number}`)")
-        return loaded
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-    return importlib.import_module(s.package)
+    else:
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+        loaded = importlib.import_module(s.package)
+    if emulated and not whole:
+        emulate.load_stage(s)  # after the package: its ops must be defined first
+    return loaded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,15 +82,24 @@ def active() -> bool:
 
 
 def cuda_device() -> str:
-    """The device the CUDA tests run on: "cuda" (a GPU, or skipped), or the emulated one."""
-    return DEVICE if active() else "cuda"
+    """The device the CUDA tests run on: "cuda" (a GPU, or skipped), or the emulated one (named
+    here, so that torch.device understands it; its library loads with ensure_device())."""
+    if not active():
+        return "cuda"
+    name_device()
+    return DEVICE
+
+
+def name_device() -> None:
+    import torch
+
+    if torch._C._get_privateuse1_backend_name() != DEVICE:
+        torch.utils.rename_privateuse1_backend(DEVICE)
 
 
 def is_emulated(device) -> bool:
-    import torch
-
-    return torch.device(device).type == DEVICE if not isinstance(device, str) else \
-        device.split(":")[0] == DEVICE
+    """Whether `device` (a string or torch.device) is the emulated CUDA device."""
+    return str(device).split(":")[0] == DEVICE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,9 +243,10 @@ def plan(stage: Stage) -> Plan:
 def _flags() -> list[str]:
     from . import build
 
-    # -O1: the emulated kernels run small test sizes; the build time is what counts.
-    return [*build.cxx_flags(), "-O1", "-DWORKBOOK_EMULATE_CUDA", "-Wno-unknown-pragmas"] + \
-        (["-O1", "-g1"] if build.sanitizer_flags() else [])
+    # -O2: every thread of a launch is a call of the kernel body. The initial-exec TLS model
+    # makes blockIdx and threadIdx (thread_local) plain loads instead of a call each access.
+    return [*build.cxx_flags(), "-O2", "-ftls-model=initial-exec", "-DWORKBOOK_EMULATE_CUDA",
+            "-Wno-unknown-pragmas"] + (["-O1", "-g1"] if build.sanitizer_flags() else [])
 
 
 def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool):
@@ -263,8 +273,7 @@ def ensure_device() -> str:
         return DEVICE
     import torch
 
-    if torch._C._get_privateuse1_backend_name() != DEVICE:
-        torch.utils.rename_privateuse1_backend(DEVICE)
+    name_device()
     _progress("the emulated CUDA device (runtime)")
     _load("workbook_emulated_device", [RUNTIME_SOURCE], build_root() / "emulated" / "runtime",
           python_module=False)
@@ -300,9 +309,22 @@ class _DeviceModule:
     def _is_in_bad_fork() -> bool:
         return False
 
+    # Random numbers for the device are drawn on the CPU (the fallback): its generator's state.
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        """Random numbers for the device are drawn on the CPU (the fallback), seeded there."""
+        """torch.manual_seed calls this, then seeds the CPU generator, which is the device's."""
+
+    @staticmethod
+    def get_rng_state(device=None):
+        import torch
+
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, device=None) -> None:
+        import torch
+
+        torch.set_rng_state(state)
 
     @staticmethod
     def get_amp_supported_dtype():

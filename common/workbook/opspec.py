@@ -343,7 +343,8 @@ def _difference(what: str, actual, expected: torch.Tensor, dtype: torch.dtype,
         return Difference(what, math.nan, math.nan, False, f"on {actual.device}, expected {device}")
     if actual.numel() == 0:
         return Difference(what, 0.0, 0.0, True)
-    a, e = actual.detach().double(), expected.detach().double().to(actual.device)
+    # Compared where the reference is (the emulated device's values are host memory anyway).
+    a, e = actual.detach().to(expected.device).double(), expected.detach().double()
     both_nan = a.isnan() & e.isnan()
     error = torch.where(both_nan, torch.zeros_like(a), (a - e).abs())
     error = torch.where(error.isnan(), torch.full_like(error, math.inf), error)
@@ -371,6 +372,9 @@ def compare(fn: Callable, spec: OpSpec, sample: Sample, *, gradients: bool = Tru
     wanted = [t for _, t in sample.differentiable()] if gradients else []
     outputs = as_tuple(sample.call(fn))
     reference_sample = sample.float64()
+    if str(device).startswith("emulated_cuda"):  # the reference is plain PyTorch: on the CPU
+        reference_sample = reference_sample.map(
+            lambda _, t: t.detach().cpu().requires_grad_(t.requires_grad))
     expected = as_tuple(reference_sample.call(spec.reference))
     names = spec.output_names if len(spec.output_names) == len(expected) else \
         tuple(f"{k}" for k in range(len(expected)))
@@ -383,7 +387,7 @@ def compare(fn: Callable, spec: OpSpec, sample: Sample, *, gradients: bool = Tru
         differences.append(_difference(f"output {name}", out, ref, dtype, device, tolerance))
     if wanted and all(d.ok or not d.problem for d in differences):
         grad_outputs = grad_outputs or random_like(expected)
-        grads = torch.autograd.grad(outputs, wanted, [g.to(o.dtype) for g, o in
+        grads = torch.autograd.grad(outputs, wanted, [g.to(o.device, o.dtype) for g, o in
                                                       zip(grad_outputs, outputs)],
                                     allow_unused=True)
         ref_wanted = [t for _, t in reference_sample.differentiable()]

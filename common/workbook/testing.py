@@ -26,9 +26,16 @@ What the checks check:
 * check_opcheck: torch.library.opcheck (schema, fake kernel, autograd registration, AOT
   dispatch) on a registered op;
 * check_compiled: torch.compile(fullgraph=True), static or dynamic shapes, against eager;
-* on a GPU: check_cuda_matches_cpu, check_graph_capture, check_runs_on_inputs_device.
+* on CUDA: check_cuda_matches_cpu; on a real GPU: check_graph_capture,
+  check_runs_on_inputs_device.
 
-Devices that are not here (a CUDA device on this machine) are skipped with the reason.
+The CUDA tests run on `CUDA`: "cuda" where a GPU is visible, else the emulated CUDA device
+(workbook.emulate: the stage's own kernels compiled for the CPU, "emulated_cuda" in test ids),
+unless WORKBOOK_CUDA=off. Tests marked `requires_cuda`, and parameters on `CUDA`, carry the pytest
+mark `cuda`, which the repository's conftest.py counts: each run says how many tests ran emulated.
+What only a GPU can show (graph capture, streams, a second device, memory past 2^31 elements) is
+marked `requires_gpu(what)` and skipped without one, with the reason. Devices that are not here
+are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 import pytest
 import torch
 
+from . import emulate
 from .opspec import BadInput, Case, OpSpec, Sample, as_tuple, compare, dtype_name, relayout
 
 # ----------------------------------------------------------------------------------------------
@@ -47,6 +55,8 @@ from .opspec import BadInput, Case, OpSpec, Sample, as_tuple, compare, dtype_nam
 
 def no_device_reason(device: str) -> str | None:
     """Why `device` cannot run here, or None when it can."""
+    if emulate.is_emulated(device):
+        return None if emulate.active() else "the emulated CUDA device is off (WORKBOOK_CUDA=off)"
     kind = torch.device(device).type
     if kind == "cuda":
         if not torch.version.cuda:
@@ -59,10 +69,37 @@ def no_device_reason(device: str) -> str | None:
     return None
 
 
-NO_CUDA = no_device_reason("cuda")
-requires_cuda = pytest.mark.skipif(NO_CUDA is not None, reason=NO_CUDA or "")
+# The device the CUDA tests run on, and how the C++ checks name its type in their messages.
+CUDA = emulate.cuda_device()
+EMULATED = emulate.is_emulated(CUDA)
+CUDA_TYPE_NAME = emulate.DEVICE.upper() if EMULATED else "CUDA"  # c10::DeviceTypeName
+NO_CUDA = no_device_reason(CUDA)
+NO_GPU = no_device_reason("cuda")
+
+
+def requires_cuda(test):
+    """A test of CUDA kernels: it runs on `CUDA` (a GPU, or the emulated device)."""
+    test = pytest.mark.cuda(test)
+    return pytest.mark.skipif(NO_CUDA is not None, reason=NO_CUDA or "")(test)
+
+
+def requires_gpu(what: str):
+    """A test of what only a real GPU has (`what`: say, "CUDA graph capture"): skipped without
+    one, the emulated device included, which has no streams, graphs or device memory."""
+    reason = f"{what} needs a real GPU ({NO_GPU}); the emulated CUDA device cannot show it"
+    return pytest.mark.skipif(NO_GPU is not None, reason=reason)
+
+
 requires_two_gpus = pytest.mark.skipif(no_device_reason("cuda:1") is not None,
                                        reason=no_device_reason("cuda:1") or "")
+
+
+def _marks(device: str) -> list:
+    reason = no_device_reason(device)
+    marks = [pytest.mark.skip(reason=reason)] if reason else []
+    if emulate.is_emulated(device) or torch.device(device).type == "cuda":
+        marks.append(pytest.mark.cuda)
+    return marks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +127,7 @@ def params(spec: OpSpec, devices: Sequence[str], dtypes: Sequence[torch.dtype] |
         cases.append(spec.batch0())
     found = []
     for device in devices:
-        reason = no_device_reason(device)
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        marks = _marks(device)
         for dtype in dtypes or spec.dtypes:
             for case in cases:
                 p = Params(case, device, dtype)
@@ -101,12 +137,7 @@ def params(spec: OpSpec, devices: Sequence[str], dtypes: Sequence[torch.dtype] |
 
 def device_params(devices: Sequence[str]) -> list:
     """pytest params for devices, skipped with the reason where a device is not here."""
-    out = []
-    for device in devices:
-        reason = no_device_reason(device)
-        out.append(pytest.param(device, marks=[pytest.mark.skip(reason=reason)] if reason else [],
-                                id=device))
-    return out
+    return [pytest.param(device, marks=_marks(device), id=device) for device in devices]
 
 
 def bad_input_params(spec: OpSpec, devices: Sequence[str]) -> list:
@@ -114,7 +145,7 @@ def bad_input_params(spec: OpSpec, devices: Sequence[str]) -> list:
     out = []
     for device in devices:
         reason = no_device_reason(device)
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        marks = _marks(device)
         # The bad inputs of a device that is not here cannot even be listed; one skipped stand-in.
         bad = spec.bad_inputs(device) if not reason else \
             [BadInput("any", lambda d: None, Exception, "")]
@@ -146,6 +177,11 @@ def check_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> No
     assert sample.dtype == torch.float64, "gradcheck needs float64"
     call, tensors = sample.bind(fn)
     assert tensors, "gradcheck needs an input that requires grad"
+    if emulate.is_emulated(sample.device):
+        # Every ATen op around the kernels takes a round trip through the CPU there: the
+        # slow mode's column-by-column Jacobian takes minutes, the fast mode's projections
+        # seconds (the CPU kernels' tests run the slow mode on the same cases).
+        options["fast_mode"] = True
     assert torch.autograd.gradcheck(call, tensors, **{**spec.gradcheck, **options})
 
 
@@ -185,7 +221,11 @@ OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
 
 
 def check_opcheck(op, sample: Sample, test_utils: Sequence[str] = OPCHECK_TESTS) -> None:
-    """torch.library.opcheck of the registered op on the sample's arguments."""
+    """torch.library.opcheck of the registered op on the sample's arguments. (On the emulated
+    device without test_autograd_registration, which knows CPU, CUDA and XPU alone: the op's
+    autograd registration is one for every device, checked by the CPU tests.)"""
+    if any(emulate.is_emulated(t.device) for _, t in sample.tensors()):
+        test_utils = [t for t in test_utils if t != "test_autograd_registration"]
     torch.library.opcheck(op, sample.args, dict(sample.kwargs), test_utils=tuple(test_utils))
 
 
@@ -194,6 +234,10 @@ def check_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False
     """torch.compile(fn, fullgraph=True): outputs and input gradients equal eager's (the last of
     `calls` compiled calls: a CUDA-graph mode records first and replays after)."""
     torch._dynamo.reset()
+    if emulate.is_emulated(sample.device) and "backend" not in compile_kwargs:
+        # Inductor generates code for the CPU and real GPUs only; on the emulated device the
+        # graph is captured (dynamo, the fake kernels, AOT autograd) and run eagerly.
+        compile_kwargs["backend"] = "aot_eager"
     compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, **compile_kwargs)
     wanted = [t for _, t in sample.differentiable()]
 
@@ -298,10 +342,10 @@ def check_imports_alone(stage, snippet: str, cwd) -> str:
 
 def check_cuda_matches_cpu(fn: Callable, spec: OpSpec, case: Case, cpu_fn: Callable | None = None,
                            rtol: float = 1e-5, atol: float = 1e-4) -> None:
-    """fn on CUDA against cpu_fn (fn itself by default) on the CPU, on the same float32 values:
-    outputs and every input gradient."""
+    """fn on CUDA (`CUDA`: a GPU or the emulated device) against cpu_fn (fn itself by default)
+    on the CPU, on the same float32 values: outputs and every input gradient."""
     cpu = spec.make(case, device="cpu", dtype=torch.float32)
-    cuda = cpu.map(lambda _, t: t.detach().cuda().requires_grad_(t.requires_grad))
+    cuda = cpu.map(lambda _, t: t.detach().to(CUDA).requires_grad_(t.requires_grad))
     results = []
     for f, s in ((cpu_fn or fn, cpu), (fn, cuda)):
         outputs = as_tuple(s.call(f))
@@ -416,8 +460,8 @@ def huge_reason(gigabytes: float) -> str | None:
 
     if os.environ.get("WORKBOOK_HUGE_TESTS") != "1":
         return how
-    if NO_CUDA is not None:
-        return f"{NO_CUDA}; {how}"
+    if NO_GPU is not None:
+        return f"{NO_GPU}; {how}"
     total = torch.cuda.get_device_properties(0).total_memory / 1e9
     return f"this GPU has {total:.0f} GB; {how}" if total < gigabytes else None
 

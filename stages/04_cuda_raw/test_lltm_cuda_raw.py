@@ -17,7 +17,7 @@ from workbook.ops import lltm as lltm_op
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
-CUDA = ["cuda"]
+CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.emulate)
 
 
 def module():
@@ -45,7 +45,7 @@ def test_gradcheck(p):
 @pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
 def test_layouts_are_refused(layout):
     # Raw pointers assume dense rows: the front refuses strided inputs, saying what to do.
-    sample = SPEC.make(SPEC.case("b5_f17_s33"), device="cuda")
+    sample = SPEC.make(SPEC.case("b5_f17_s33"), device=testing.CUDA)
     testing.check_layout(lltm, SPEC, sample, layout, refused=r"must be contiguous.*contiguous\(\)")
 
 
@@ -67,16 +67,18 @@ def test_imports_with_both_functions():
 def test_cpu_tensors_are_refused_naming_the_argument():
     inputs = lltm_op.inputs(2, 3, 4, requires_grad=False)
     with pytest.raises(RuntimeError,
-                       match=r"lltm: `input` must be a CUDA tensor, got a tensor on cpu"):
+                       match=rf"lltm: `input` must be a {testing.CUDA_TYPE_NAME} tensor, "
+                             r"got a tensor on cpu"):
         lltm(*inputs)
     new_cell, gates = torch.zeros(2, 4), torch.zeros(2, 12)
     x, w, _, h, _ = inputs
     with pytest.raises(RuntimeError,
-                       match=r"lltm_backward: `grad_h` must be a CUDA tensor, got a tensor on cpu"):
+                       match=rf"lltm_backward: `grad_h` must be a {testing.CUDA_TYPE_NAME} tensor, "
+                             r"got a tensor on cpu"):
         module()._C.backward(new_cell, new_cell, new_cell, gates, x, h, w)
 
 
-# -- with a GPU -----------------------------------------------------------------------------------
+# -- on CUDA: a GPU or the emulated device -------------------------------------------------------
 
 
 @testing.requires_cuda
@@ -85,7 +87,7 @@ def test_matches_the_cpu_extension_of_stage_02():
                                    cpu_fn=stages.get(2).load().lltm)
 
 
-@testing.requires_cuda
+@testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture():
     testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
 

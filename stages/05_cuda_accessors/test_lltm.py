@@ -18,7 +18,7 @@ from workbook.opspec import Sample
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
-DEVICES = ["cpu", "cuda"]
+DEVICES = ["cpu", testing.CUDA]  # CUDA: a GPU, or the emulated CUDA device (workbook.emulate)
 
 
 def package():
@@ -30,7 +30,7 @@ def lltm(*args, **kwargs):
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"]) +
-                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_CASES))
+                         testing.params(SPEC, [testing.CUDA], cases=lltm_op.CUDA_CASES))
 def test_against_reference(p):
     testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
 
@@ -59,7 +59,7 @@ def test_requires_grad_of_one(name):
 
 # The same bad inputs on the CPU kernel, on the fake kernel (meta tensors) and on CUDA: the C++
 # checks and the fake kernel's must refuse the same inputs with the same message.
-@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta", "cuda"]))
+@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta", testing.CUDA]))
 def test_bad_input(device, bad):
     testing.check_bad_input(lltm, bad, device)
 
@@ -72,14 +72,14 @@ def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
 # opcheck on every sample the reference tests use (float64: opcheck's own comparisons are exact
 # enough there), with and without inputs that require grad.
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
-@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64]))
 def test_opcheck_forward(p, requires_grad):
     package()
     testing.check_opcheck(torch.ops.lltm.forward.default, p.sample(SPEC, requires_grad))
 
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
-@pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.float64]))
+@pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64]))
 def test_opcheck_backward(p, requires_grad):
     package()
     sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.lltm.forward, requires_grad)
@@ -147,6 +147,8 @@ def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
                                     "lltm")
 
 
+# On CUDA the Autocast kernel is registered for the GPU's key (AutocastCUDA) by the C++ front, which
+# the emulated device does not build: that case needs a GPU ("cuda", skipped without one).
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.bfloat16], batch0=False,
                                              cases=[SPEC.case("b5_f17_s33")]))
 def test_runs_inside_autocast_with_mixed_dtypes(p):
@@ -162,7 +164,7 @@ def test_backward_op_checks_its_inputs():
     lltm_op.check_backward_op_checks_its_inputs(torch.ops.lltm.backward)
 
 
-# -- with a GPU -----------------------------------------------------------------------------------
+# -- on CUDA: a GPU or the emulated device (a few on a GPU alone) --------------------------------
 
 
 @testing.requires_cuda
@@ -170,12 +172,12 @@ def test_cuda_matches_cpu():
     testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029))
 
 
-@testing.requires_cuda
+@testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture():
     testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
 
 
-@testing.requires_cuda
+@testing.requires_gpu("mode=\"reduce-overhead\" (CUDA graphs)")
 def test_compile_reduce_overhead_on_cuda():
     """mode="reduce-overhead" replays the compiled graph as a CUDA graph."""
     torch.manual_seed(0)
@@ -197,7 +199,7 @@ def test_runs_on_the_inputs_device_not_the_current_one():
 # the CPU kernel runs the small ones.
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], cases=lltm_op.CPU_EDGE_CASES,
                                              batch0=False) +
-                         testing.params(SPEC, ["cuda"], cases=lltm_op.CUDA_EDGE_CASES,
+                         testing.params(SPEC, [testing.CUDA], cases=lltm_op.CUDA_EDGE_CASES,
                                         batch0=False))
 def test_edge_cases(p):
     testing.check_against_reference(lltm, SPEC, p.sample(SPEC))

@@ -28,7 +28,7 @@ from workbook.opspec import BadInput, Case, OpSpec, Sample, compare, dtype_name
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)
-CUDA = ["cuda"]
+CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.emulate)
 ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 MODES = ["atomic", "deterministic"]
 # How far two backward passes may differ in gradcheck: atomics add in a different order each
@@ -121,7 +121,7 @@ def test_requires_grad_of_one(name, backward_mode):
 
 
 def cuda_sample(case: str, dtype=torch.float64) -> Sample:
-    return SPEC.make(SPEC.case(case), device="cuda", dtype=dtype)
+    return SPEC.make(SPEC.case(case), device=testing.CUDA, dtype=dtype)
 
 
 # -- bad inputs: refused before anything is launched ----------------------------------------------
@@ -149,14 +149,14 @@ def left_on_the_cpu(name: str) -> BadInput:
 @testing.requires_cuda
 @pytest.mark.parametrize("name", ["input", "offset", "weight", "bias", "mask"])
 def test_a_tensor_left_on_the_cpu_is_refused(name):
-    testing.check_bad_input(deform_conv2d, left_on_the_cpu(name), "cuda")
+    testing.check_bad_input(deform_conv2d, left_on_the_cpu(name), testing.CUDA)
 
 
 def check_backward_op_refuses_a_tensor_on_the_cpu(name: str) -> None:
     """deform_conv2d_backward called directly (it is public) with one tensor on the CPU."""
     case = SPEC.case("torchvision_b1")
-    named = dict(SPEC.make(case, device="cuda", requires_grad=False).named())
-    grad_output = torch.ones(1, 2, *deform_op.out_size(case), device="cuda")
+    named = dict(SPEC.make(case, device=testing.CUDA, requires_grad=False).named())
+    grad_output = torch.ones(1, 2, *deform_op.out_size(case), device=testing.CUDA)
     args = {"grad_output": grad_output, "input": named["input"],
             "offset": named["offset"], "weight": named["weight"], "mask": named["mask"]}
     args[name] = args[name].cpu()
@@ -176,7 +176,7 @@ def test_backward_op_refuses_a_tensor_on_the_cpu(name):
 @testing.requires_cuda
 @pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
 def test_bad_input_same_message_from_cuda_kernel_and_fake_kernel(bad):
-    testing.check_same_error_everywhere(deform_conv2d, bad, ["cuda", "meta"])
+    testing.check_same_error_everywhere(deform_conv2d, bad, [testing.CUDA, "meta"])
 
 
 @testing.requires_cuda
@@ -184,7 +184,7 @@ def test_bad_input_same_message_from_cuda_kernel_and_fake_kernel(bad):
     "offset_channels_not_kernel_multiple", "mask_spatial", "stride_zero", "padding_past_64_bits",
     "offset_on_another_device", "float64_offset", "bias_2d")], ids=str)
 def test_bad_input_compiled(bad):
-    testing.check_bad_input_compiled(package().deform_conv2d, bad, "cuda")
+    testing.check_bad_input_compiled(package().deform_conv2d, bad, testing.CUDA)
 
 
 # -- opcheck and torch.compile ---------------------------------------------------------------------
@@ -224,13 +224,13 @@ def test_compile_fullgraph_matches_eager(dynamic):
                            dynamic=dynamic)
 
 
-@testing.requires_cuda
+@testing.requires_gpu("mode=\"reduce-overhead\" (CUDA graphs)")
 def test_compile_reduce_overhead_replays_a_cuda_graph():
     testing.check_compiled(package().deform_conv2d, cuda_sample("b2_c4_o5_k3_pad1", torch.float32),
                            calls=2, mode="reduce-overhead")
 
 
-@testing.requires_cuda
+@testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture(backward_mode):
     testing.check_graph_capture(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
 
@@ -260,7 +260,7 @@ def against(other_reference) -> OpSpec:
 @pytest.mark.parametrize("case", SPEC.cases, ids=str)
 def test_matches_torchvision(case):
     compare(deform_conv2d, against(torchvision_ops().deform_conv2d),
-            SPEC.make(case, device="cuda", dtype=torch.float64)).assert_ok()
+            SPEC.make(case, device=testing.CUDA, dtype=torch.float64)).assert_ok()
 
 
 @testing.requires_cuda
@@ -286,7 +286,7 @@ def test_zero_offsets_and_unit_mask_are_a_convolution():
 # -- conventions: integer points, the border, infinities, NaN --------------------------------------
 
 
-def on_points(dy: float, dx: float, device="cuda") -> Sample:
+def on_points(dy: float, dx: float, device=testing.CUDA) -> Sample:
     """Every tap of a 3x3 conv (pad 1) over a 4x5 image moved by (dy, dx): integer shifts land
     on pixels, and shifts of about the image's size land on or past the border."""
     case = Case("points", {"batch": 1, "in_channels": 2, "out_channels": 3, "offset_groups": 1,
@@ -368,7 +368,7 @@ def forward_backward(sample: Sample) -> list[torch.Tensor]:
 
 def check_matches_cpu_kernel(cpu: Sample, rtol: float = 1e-10, atol: float = 1e-10) -> None:
     """The CUDA kernels against stage 06's CPU kernel on the same values (float64: tight)."""
-    cuda = cpu.map(lambda _, t: t.detach().cuda().requires_grad_(t.requires_grad))
+    cuda = cpu.map(lambda _, t: t.detach().to(testing.CUDA).requires_grad_(t.requires_grad))
     names = ["output"] + [f"gradient of {name}" for name, _ in cpu.differentiable()]
     for name, a, e in zip(names, forward_backward(cuda), forward_backward(cpu)):
         torch.testing.assert_close(a.cpu(), e, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
@@ -416,7 +416,7 @@ def overlapping_case() -> Case:
 
 
 def check_bitwise_reproducible(dtype: torch.dtype) -> None:
-    sample = SPEC.make(overlapping_case(), device="cuda", dtype=dtype)
+    sample = SPEC.make(overlapping_case(), device=testing.CUDA, dtype=dtype)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -439,11 +439,12 @@ def test_deterministic_backward_is_bitwise_reproducible(dtype):
 
 
 def gpu_gigabytes() -> float:
-    return torch.cuda.get_device_properties(0).total_memory / 1e9 if testing.NO_CUDA is None else 0
+    return torch.cuda.get_device_properties(0).total_memory / 1e9 if testing.NO_GPU is None else 0
 
 
-requires_40_gb = pytest.mark.skipif(testing.NO_CUDA is not None or gpu_gigabytes() < 40,
-                                    reason=testing.NO_CUDA or "needs a GPU with >= 40 GB")
+requires_40_gb = pytest.mark.skipif(testing.NO_GPU is not None or gpu_gigabytes() < 40,
+                                    reason=f"needs a GPU with >= 40 GB ({testing.NO_GPU}): the "
+                                    "emulated device does not hold tensors past 2^31 elements")
 
 
 def check_input_past_2_31_elements() -> None:
@@ -545,8 +546,8 @@ def test_past_2_31_elements_in_bfloat16_image_by_image(backward_mode):
 def check_dcnv2_block_is_its_convolution_at_init() -> None:
     torch.manual_seed(0)
     block = package().DCNv2(8, 6, 3, stride=2, padding=1, groups=2, offset_groups=4)
-    block = block.double().cuda()
-    x = torch.randn(3, 8, 11, 9, dtype=torch.float64, device="cuda")
+    block = block.double().to(testing.CUDA)
+    x = torch.randn(3, 8, 11, 9, dtype=torch.float64, device=testing.CUDA)
     expected = F.conv2d(x, block.weight, block.bias, stride=2, padding=1, groups=2)
     torch.testing.assert_close(block(x), expected, rtol=1e-12, atol=1e-12)
     block(x).sum().backward()

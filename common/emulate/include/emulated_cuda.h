@@ -350,13 +350,17 @@ class Launch {
     blockDim = block_;
     RunOrder order;
     if (!order.shuffled()) {
-      for (uint64_t b = 0; b < blocks; ++b) {
-        blockIdx = unflatten(b, grid_);
-        for (uint64_t t = 0; t < threads; ++t) {
-          threadIdx = unflatten(t, block_);
-          kernel_(args...);
-        }
-      }
+      for (unsigned int bz = 0; bz < grid_.z; ++bz)
+        for (unsigned int by = 0; by < grid_.y; ++by)
+          for (unsigned int bx = 0; bx < grid_.x; ++bx) {
+            blockIdx = {bx, by, bz};
+            for (unsigned int tz = 0; tz < block_.z; ++tz)
+              for (unsigned int ty = 0; ty < block_.y; ++ty)
+                for (unsigned int tx = 0; tx < block_.x; ++tx) {
+                  threadIdx = {tx, ty, tz};
+                  kernel_(args...);
+                }
+          }
       return;
     }
     for (uint64_t b : order.of(blocks)) {

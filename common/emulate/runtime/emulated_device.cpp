@@ -170,6 +170,37 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// Convolutions reach a backend outside ATen's own through these two (the tests compare the
+// kernels with F.conv2d): the CPU's convolution on the same memory.
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias,
+                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                    c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  const std::optional<at::Tensor> host_bias =
+      bias.has_value() && bias->defined() ? std::optional<at::Tensor>(host_view(*bias))
+                                          : std::nullopt;
+  return at::convolution(host_view(input), host_view(weight), host_bias, stride, padding,
+                         dilation, transposed, output_padding, groups)
+      .to(input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  const int64_t bias_size = weight.size(transposed ? 1 : 0) * (transposed ? groups : 1);
+  auto [g_input, g_weight, g_bias] = at::convolution_backward(
+      host_view(grad_output), host_view(input), host_view(weight),
+      std::vector<int64_t>{bias_size}, stride, padding, dilation, transposed, output_padding,
+      groups, output_mask);
+  const auto back = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(input.device()) : t;
+  };
+  return {back(g_input), back(g_weight), back(g_bias)};
+}
+
 // ----------------------------------------------------------------------------------------------
 // Everything else: the CPU kernel on the same values (ATen's cpu_fallback copies the device
 // tensors to the CPU, runs the op, copies the results and mutated inputs back).
@@ -192,6 +223,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", &at::native::view);
   m.impl("_reshape_alias", &at::native::_reshape_alias);
   m.impl("unfold", &at::native::unfold);
+  m.impl("convolution_overrideable", &convolution_overrideable);
+  m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
