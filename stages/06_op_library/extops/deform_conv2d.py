@@ -459,7 +459,10 @@ class DCNv2(nn.Module):
     this `offset_mask`, with the same channels: the (dy, dx) pairs, then the mask logits) with the
     mask sigmoid(logit). DCNv2(..., mask_activation="sigmoid") computes mmcv's outputs and loads
     its state dict as it is (`conv_offset.*` is read as `offset_mask.*`); loading those keys into
-    a block with the default "2sigmoid" is refused, since it would compute something else.
+    a block with the default "2sigmoid" is refused, since it would compute something else. One
+    difference remains in the gradients: mmcv gives no offset gradient to a sample exactly at -1
+    or at H (or W), which a zero-offset start with padding 1 hits at the border; torchvision and
+    extops take the one-sided derivative there.
     """
 
     MASK_ACTIVATIONS = ("2sigmoid", "sigmoid")
