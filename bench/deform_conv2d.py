@@ -493,9 +493,12 @@ def backbone_run(run: harness.DeviceRun) -> None:
 
 
 def draw_loss_curves(ax, curves: dict, sizes: dict, suffix: str = "") -> None:
+    # extops' line wide and pale under torchvision's: where they agree both stay visible.
+    style = {"extops": {"linewidth": 4, "alpha": 0.45}, "torchvision": {"linewidth": 1.5},
+             "plain": {"linestyle": "--"}}
     for network, losses in curves.items():
         ax.plot(range(1, len(losses) + 1), losses, label=NETWORKS[network],
-                linestyle="--" if network == "plain" else "-")
+                **style.get(network, {}))
     ax.set_xlabel("training step (SGD, momentum 0.9)")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(f"{sizes['arch']}, DCNv2 in layer3 and layer4, batch {sizes['batch']}, "
