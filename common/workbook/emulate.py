@@ -361,6 +361,22 @@ def _write_sources(p: Plan) -> list[Path]:
     return out
 
 
+def build_kernels(name: str, sources: list[Path], build_dir: Path) -> None:
+    """Rewrite and compile CUDA files (`sources`, .cu) that register their own kernels, into
+    build_dir, and load the library: its kernels are then the emulated device's. The tests use
+    it for kernels of their own (a planted bug, a launch CUDA refuses)."""
+    ensure_device()
+    rewritten = []
+    for source in sources:
+        target = build_dir / "src" / source.with_suffix(".cpp").name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        new = rewrite(source.read_text(), str(source))
+        if not target.is_file() or target.read_text() != new:
+            target.write_text(new)
+        rewritten.append(target)
+    _load(name, rewritten, build_dir / "objects", python_module=False)
+
+
 _loaded: dict[str, object] = {}
 
 

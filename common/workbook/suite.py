@@ -31,6 +31,7 @@ from . import stages
 REPO = stages.REPO
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-rs"]
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*) in [\d.]+s")
+EMULATED = re.compile(r"^\[emulated\] (\d+) CUDA tests ran on the emulated CUDA device")
 
 
 @dataclasses.dataclass
@@ -41,6 +42,7 @@ class Part:
     exit_code: int = -1
     summary: str = ""
     seconds: float = 0.0
+    emulated: int = 0  # how many of its tests ran on the emulated CUDA device (conftest.py)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +68,9 @@ def run_part(part: Part, extra: list[str], env: dict[str, str] | None = None,
             match = SUMMARY.match(line.strip())
             if match:
                 part.summary = match.group(1)
+            match = EMULATED.match(line.strip())
+            if match:
+                part.emulated = int(match.group(1))
     part.exit_code = proc.returncode
     part.seconds = time.perf_counter() - start
     if part.exit_code == 5:
@@ -103,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n[test] ===== summary")
     for part in parts:
         status = "ok  " if part.ok else "FAIL"
-        print(f"  {status} {part.label:<52} {part.summary or f'exit {part.exit_code}':<40} "
-              f"{part.seconds:6.0f} s")
+        emulated = f" ({part.emulated} on the emulated CUDA device)" if part.emulated else ""
+        outcome = (part.summary or f"exit {part.exit_code}") + emulated
+        print(f"  {status} {part.label:<52} {outcome:<40} {part.seconds:6.0f} s")
+    if any(p.emulated for p in parts):
+        print("  (emulated: the CUDA kernels compiled for the CPU and run there, workbook.emulate; "
+              "they prove arithmetic, indexing and launch limits, not GPU speed or concurrency)")
     failed = [p for p in parts if not p.ok]
     total = time.perf_counter() - start
     if failed:

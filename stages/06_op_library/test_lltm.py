@@ -58,7 +58,8 @@ def test_requires_grad_of_one(name):
 
 # The same bad inputs on the CPU kernel, on the fake kernel (meta tensors) and on CUDA: the C++
 # checks and the fake kernel's must refuse the same inputs with the same message.
-@pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta", testing.CUDA]))
+@pytest.mark.parametrize(("device", "bad"),
+                         testing.bad_input_params(SPEC, ["cpu", "meta", testing.CUDA]))
 def test_bad_input(device, bad):
     testing.check_bad_input(lltm, bad, device)
 

@@ -134,11 +134,16 @@ inline void set_error(cudaError_t error, std::string detail) {
 
 inline const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
   }
   return "unknown error";
 }
@@ -155,33 +160,54 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
   using L = workbook::emulate::DeviceLimits;
   if (device != 0) return cudaErrorInvalidDevice;
   switch (attribute) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = L::max_threads_per_block; break;
-    case cudaDevAttrMaxBlockDimX: *value = L::max_block[0]; break;
-    case cudaDevAttrMaxBlockDimY: *value = L::max_block[1]; break;
-    case cudaDevAttrMaxBlockDimZ: *value = L::max_block[2]; break;
-    case cudaDevAttrMaxGridDimX: *value = static_cast<int>(L::max_grid[0]); break;
-    case cudaDevAttrMaxGridDimY: *value = L::max_grid[1]; break;
-    case cudaDevAttrMaxGridDimZ: *value = L::max_grid[2]; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 49152; break;
-    case cudaDevAttrWarpSize: *value = warpSize; break;
-    case cudaDevAttrMultiProcessorCount: *value = L::multiprocessors; break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = L::max_threads_per_block;
+      break;
+    case cudaDevAttrMaxBlockDimX:
+      *value = L::max_block[0];
+      break;
+    case cudaDevAttrMaxBlockDimY:
+      *value = L::max_block[1];
+      break;
+    case cudaDevAttrMaxBlockDimZ:
+      *value = L::max_block[2];
+      break;
+    case cudaDevAttrMaxGridDimX:
+      *value = static_cast<int>(L::max_grid[0]);
+      break;
+    case cudaDevAttrMaxGridDimY:
+      *value = L::max_grid[1];
+      break;
+    case cudaDevAttrMaxGridDimZ:
+      *value = L::max_grid[2];
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 49152;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = warpSize;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = L::multiprocessors;
+      break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = static_cast<int>(L::max_dynamic_shared_memory);
       break;
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }
 
 // c10's checks, with CUDA's words and the emulation's detail after them.
-#define C10_CUDA_CHECK(EXPR)                                                                 \
-  do {                                                                                       \
-    const cudaError_t workbook_emulate_error = (EXPR);                                       \
-    TORCH_CHECK(workbook_emulate_error == cudaSuccess, "CUDA error: ",                       \
-                cudaGetErrorString(workbook_emulate_error),                                  \
-                ::workbook::emulate::last_error_detail.empty() ? "" : " (emulated: ",        \
-                ::workbook::emulate::last_error_detail,                                      \
-                ::workbook::emulate::last_error_detail.empty() ? "" : ")");                  \
+#define C10_CUDA_CHECK(EXPR)                                                          \
+  do {                                                                                \
+    const cudaError_t workbook_emulate_error = (EXPR);                                \
+    TORCH_CHECK(workbook_emulate_error == cudaSuccess,                                \
+                "CUDA error: ", cudaGetErrorString(workbook_emulate_error),           \
+                ::workbook::emulate::last_error_detail.empty() ? "" : " (emulated: ", \
+                ::workbook::emulate::last_error_detail,                               \
+                ::workbook::emulate::last_error_detail.empty() ? "" : ")");           \
   } while (0)
 #define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())
 
@@ -196,7 +222,7 @@ inline T __ldg(const T* address) {
 // CUDA's min and max: overloads for each arithmetic type in the global namespace, as CUDA's
 // headers declare them (non-templates, so a std::min found by a using-declaration still wins
 // where ATen's headers call it).
-#define WORKBOOK_EMULATE_MIN_MAX(T)                  \
+#define WORKBOOK_EMULATE_MIN_MAX(T)                \
   inline T min(T a, T b) { return b < a ? b : a; } \
   inline T max(T a, T b) { return a < b ? b : a; }
 WORKBOOK_EMULATE_MIN_MAX(int)
@@ -338,8 +364,10 @@ template <typename... Params>
 class Launch {
  public:
   Launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_memory)
-      : kernel_(kernel), grid_(grid), block_(block), valid_(launch_is_valid(grid, block,
-                                                                             shared_memory)) {}
+      : kernel_(kernel),
+        grid_(grid),
+        block_(block),
+        valid_(launch_is_valid(grid, block, shared_memory)) {}
 
   // The kernel's own parameter types: the arguments convert as in a real launch.
   void operator()(Params... args) const {

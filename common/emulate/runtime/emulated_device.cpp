@@ -69,8 +69,8 @@ struct EmulatedGuard final : c10::impl::DeviceGuardImplInterface {
     return c10::Stream(c10::Stream::DEFAULT, c10::Device(kEmulated, 0));
   }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag)
-      const override {}
+  void record(void**, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {}
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
@@ -119,12 +119,13 @@ at::Tensor host_view(const at::Tensor& t) {
 // registered here when ATen dispatches it per backend; the rest are composites of as_strided.)
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
               "the emulated CUDA device holds strided tensors only");
-  return at::detail::empty_generic(size, &allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return at::detail::empty_generic(size, &allocator,
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
@@ -133,9 +134,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
               "the emulated CUDA device holds strided tensors only");
-  return at::detail::empty_strided_generic(
-      size, stride, &allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(size, stride, &allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -173,31 +174,27 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 // Convolutions reach a backend outside ATen's own through these two (the tests compare the
 // kernels with F.conv2d): the CPU's convolution on the same memory.
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
-                                    const std::optional<at::Tensor>& bias,
-                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
-                                    c10::IntArrayRef dilation, bool transposed,
-                                    c10::IntArrayRef output_padding, int64_t groups) {
-  const std::optional<at::Tensor> host_bias =
-      bias.has_value() && bias->defined() ? std::optional<at::Tensor>(host_view(*bias))
-                                          : std::nullopt;
-  return at::convolution(host_view(input), host_view(weight), host_bias, stride, padding,
-                         dilation, transposed, output_padding, groups)
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                    bool transposed, c10::IntArrayRef output_padding,
+                                    int64_t groups) {
+  const std::optional<at::Tensor> host_bias = bias.has_value() && bias->defined()
+                                                  ? std::optional<at::Tensor>(host_view(*bias))
+                                                  : std::nullopt;
+  return at::convolution(host_view(input), host_view(weight), host_bias, stride, padding, dilation,
+                         transposed, output_padding, groups)
       .to(input.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
-    std::array<bool, 3> output_mask) {
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const int64_t bias_size = weight.size(transposed ? 1 : 0) * (transposed ? groups : 1);
   auto [g_input, g_weight, g_bias] = at::convolution_backward(
-      host_view(grad_output), host_view(input), host_view(weight),
-      std::vector<int64_t>{bias_size}, stride, padding, dilation, transposed, output_padding,
-      groups, output_mask);
-  const auto back = [&](const at::Tensor& t) {
-    return t.defined() ? t.to(input.device()) : t;
-  };
+      host_view(grad_output), host_view(input), host_view(weight), std::vector<int64_t>{bias_size},
+      stride, padding, dilation, transposed, output_padding, groups, output_mask);
+  const auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
   return {back(g_input), back(g_weight), back(g_bias)};
 }
 

@@ -1,0 +1,264 @@
+"""The emulated CUDA device (workbook.emulate): its source pass, CUDA's launch limits, the order
+blocks run in, and that it catches a bug planted in a stage's own kernel.
+
+The source pass is checked on text (no build). The rest compiles small kernels of its own, or a
+mutated copy of stage 07's, for the emulated device (about a minute each on 2 cores, once), and
+runs them in a fresh interpreter where the copy must not meet the stage's own kernels.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from workbook import build, emulate, stages, testing
+
+# -- the source pass, on text ---------------------------------------------------------------------
+
+
+def test_a_launch_becomes_a_call_and_keeps_its_lines():
+    source = textwrap.dedent("""\
+        // kernel<<<1, 2>>>(x) in a comment stays as it is
+        void go(float* x, int n) {
+          scale_kernel<float, int>
+              <<<blocks(n), 256, 0, stream>>>(x, n);
+          other<<<dim3(4, 2), dim3(32, 8)>>>(x);
+        }
+        """)
+    out = emulate.rewrite(source, "k.cu")
+    body = out.split("\n", 2)[2]  # after the include and the #line directive
+    assert body.count("\n") == source.count("\n"), "the pass moved lines"
+    assert "kernel<<<1, 2>>>(x) in a comment" in body
+    assert ("::workbook::emulate::launch(scale_kernel<float, int>\n"
+            "      ,blocks(n), 256, 0, stream)(x, n);") in body
+    assert "::workbook::emulate::launch(other,dim3(4, 2), dim3(32, 8))(x);" in body
+    assert out.splitlines()[1] == '#line 1 "k.cu"'
+
+
+def test_cuda_as_a_place_to_run_becomes_the_emulated_device():
+    out = emulate.rewrite(textwrap.dedent("""\
+        TORCH_LIBRARY_IMPL(extops, CUDA, m) { m.impl("f", &f); }
+        check(x, c10::DeviceType::CUDA); bool b = x.is_cuda(); auto k = at::kCUDA;
+        """))
+    assert "TORCH_LIBRARY_IMPL(extops, PrivateUse1, m)" in out
+    assert "c10::DeviceType::PrivateUse1" in out and ".is_privateuseone()" in out
+    assert "c10::kPrivateUse1" in out and "CUDA" not in out.split("\n", 2)[2]
+
+
+@pytest.mark.parametrize("construct", ["__syncthreads()", "__shared__ float tile[256];",
+                                       "__shfl_down_sync(0xffffffff, v, 1)",
+                                       "__ballot_sync(0xffffffff, p)"])
+def test_what_cannot_run_one_thread_at_a_time_is_refused_by_name(construct):
+    source = f"__global__ void k(float* x) {{\n  // __syncthreads in a comment is fine\n  {construct}\n}}\n"
+    name = construct.split("(")[0].split()[0]
+    with pytest.raises(emulate.EmulationRefused, match=rf"k\.cu:3: `{name}"):
+        emulate.rewrite(source, "k.cu")
+
+
+def test_the_setting_is_read_and_checked(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_CUDA", "emulate")
+    assert emulate.active() and emulate.cuda_device() == emulate.DEVICE
+    monkeypatch.setenv("WORKBOOK_CUDA", "off")
+    assert not emulate.active() and emulate.cuda_device() == "cuda"
+    monkeypatch.setenv("WORKBOOK_CUDA", "gpu-please")
+    with pytest.raises(ValueError, match="WORKBOOK_CUDA must be unset, 'emulate' or 'off'"):
+        emulate.setting()
+
+
+def test_every_cuda_stage_has_a_plan_for_its_kernels():
+    cuda = [s for s in stages.all_stages() if s.cuda]
+    assert cuda, "no CUDA stage found"
+    for s in cuda:
+        plan = emulate.plan(s)
+        assert any(p.suffix == ".cu" for p in plan.sources), s.label
+        # A stage whose kernels are launchers behind a C++ front is built whole.
+        assert plan.whole == any(p.suffix == ".cpp" for p in plan.sources), s.label
+
+
+# -- kernels of its own, run in a fresh interpreter -----------------------------------------------
+
+LIMITS_KERNEL = r"""
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+// out[i] = i over a 2-D grid: x covers the elements, y repeats them (each row writes the same).
+__global__ void iota_kernel(float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = static_cast<float>(i) + 0.0f * blockIdx.y;
+}
+
+// Each thread adds its global index into one cell: the same sum in any order.
+__global__ void sum_kernel(double* total, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) atomicAdd(total, static_cast<double>(i));
+}
+
+// Each thread writes the order it ran in: what the order of blocks and threads is.
+__global__ void order_kernel(int64_t* seen, int64_t* counter, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) seen[i] = atomicAdd(reinterpret_cast<unsigned long long*>(counter), 1ull);
+}
+
+at::Tensor iota(const at::Tensor& like, int64_t block, int64_t grid_y, int64_t shared) {
+  auto out = at::zeros_like(like);
+  const int64_t n = out.numel();
+  iota_kernel<<<dim3((n + block - 1) / block, grid_y), block, shared,
+                c10::cuda::getCurrentCUDAStream()>>>(out.mutable_data_ptr<float>(), n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor total(const at::Tensor& like) {
+  auto out = at::zeros({1}, like.options().dtype(at::kDouble));
+  const int64_t n = like.numel();
+  sum_kernel<<<(n + 127) / 128, 128>>>(out.mutable_data_ptr<double>(), n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor order(const at::Tensor& like) {
+  auto seen = at::empty(like.sizes(), like.options().dtype(at::kLong));
+  auto counter = at::zeros({1}, like.options().dtype(at::kLong));
+  const int64_t n = like.numel();
+  order_kernel<<<(n + 63) / 64, 64>>>(seen.mutable_data_ptr<int64_t>(),
+                                      counter.mutable_data_ptr<int64_t>(), n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return seen;
+}
+
+TORCH_LIBRARY(emulate_test, m) {
+  m.def("iota(Tensor like, int block, int grid_y, int shared) -> Tensor");
+  m.def("total(Tensor like) -> Tensor");
+  m.def("order(Tensor like) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(emulate_test, CUDA, m) {
+  m.impl("iota", &iota);
+  m.impl("total", &total);
+  m.impl("order", &order);
+}
+"""
+
+LIMITS_CHECKS = r"""
+import os, pytest, torch
+from workbook import emulate
+emulate.build_kernels("emulate_limits_test", [SOURCE], BUILD)
+x = torch.empty(1000, device=emulate.DEVICE)
+iota = torch.ops.emulate_test.iota
+assert torch.equal(iota(x, 256, 3, 0).cpu(), torch.arange(1000.0)), "every thread of every block"
+assert torch.equal(iota(x, 1024, 65535, 0).cpu(), torch.arange(1000.0))
+refused = {
+    (1025, 1, 0): "block.x = 1025 is past CUDA's limit of 1024",
+    (256, 65536, 0): "grid.y = 65536 is past CUDA's limit of 65535",
+    (256, 0, 0): "grid.y is 0",
+    (256, 1, 232449): "232449 bytes of dynamic shared memory are past the H200's 232448",
+}
+for (block, grid_y, shared), detail in refused.items():
+    error = "invalid argument" if shared else "invalid configuration argument"
+    with pytest.raises(RuntimeError, match=f"CUDA error: {error} \\(emulated: {detail}\\)"):
+        iota(x, block, grid_y, shared)
+    assert torch.equal(iota(x, 128, 1, 0).cpu(), torch.arange(1000.0)), "the error was not reset"
+runs = {}
+for order in ("in-order", "shuffle"):
+    os.environ["WORKBOOK_EMULATE_ORDER"] = order
+    runs[order] = torch.ops.emulate_test.order(x).cpu()
+    assert torch.ops.emulate_test.total(x).item() == 999 * 1000 / 2
+assert torch.equal(runs["in-order"], torch.arange(1000)), "in order: block by block, thread by thread"
+assert torch.equal(runs["shuffle"].sort().values, torch.arange(1000))
+assert not torch.equal(runs["shuffle"], torch.arange(1000)), "shuffle ran in order"
+print("limits ok")
+"""
+
+
+def run_fresh(code: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.cuda
+def test_launches_past_cudas_limits_are_refused_with_cudas_error(tmp_path):
+    source = tmp_path / "limits.cu"
+    source.write_text(LIMITS_KERNEL)
+    code = f"SOURCE = {str(source)!r}\nfrom pathlib import Path\nSOURCE = Path(SOURCE)\n" \
+           f"BUILD = Path({str(tmp_path / 'build')!r})\n" + LIMITS_CHECKS
+    result = run_fresh(code)
+    assert result.returncode == 0 and "limits ok" in result.stdout, result.stderr[-3000:]
+
+
+# The bug planted: two corner weights swapped in stage 07's sampling kernel (forward only).
+SWAPPED = ("*out = static_cast<scalar_t>(w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3]);",
+           "*out = static_cast<scalar_t>(w[1] * v[0] + w[0] * v[1] + w[2] * v[2] + w[3] * v[3]);")
+
+MUTANT_CHECKS = r"""
+import sys, torch
+from workbook import emulate, ops, opspec
+sys.path.insert(0, LIB); import extops  # the stage's own build, with its CPU and CUDA kernels
+emulate.build_kernels("emulate_mutant_test", [SOURCE], BUILD)   # instead of the stage's own
+spec = ops.get("deform_conv2d")
+sample = spec.make(spec.case("b2_c4_o5_k3_pad1"), device=emulate.DEVICE, dtype=torch.float64)
+result = opspec.compare(extops.deform_conv2d, spec, sample)
+print("MUTANT", "PASSED" if result.ok else "CAUGHT", result)
+"""
+
+
+@pytest.mark.cuda
+def test_a_mutation_of_a_stage_kernel_fails_against_the_reference(tmp_path):
+    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
+                 and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
+    original = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
+    text = original.read_text()
+    assert text.count(SWAPPED[0]) == 1, "the line to mutate moved: update SWAPPED"
+    mutant = tmp_path / "deform_conv2d_cuda.cu"
+    mutant.write_text(text.replace(*SWAPPED))
+    code = (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
+            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(tmp_path / 'build')!r})\n" +
+            MUTANT_CHECKS)
+    result = run_fresh(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MUTANT CAUGHT" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_test_base_runs_cuda_tests_where_it_says():
+    if testing.NO_GPU is None and emulate.setting() != "emulate":
+        assert testing.CUDA == "cuda"
+    elif emulate.setting() != "off":
+        assert testing.CUDA == emulate.DEVICE and testing.EMULATED
+        assert testing.no_device_reason(testing.CUDA) is None
+
+
+# -- under the sanitizers: a planted out-of-bounds access is reported ------------------------------
+
+# The bug planted: the grid-stride loop of stage 07's sampling kernel one item too far, so the
+# last thread decodes a sample past the end and loads its offsets from beyond the buffer.
+_SAMPLING = "// EXERCISE deform-cuda-sampling: per sample: locate, mask, then each channel's m sum_j w_j v_j\n"
+OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += item_stride()) {",
+              _SAMPLING + "  for (int64_t t = first_item(); t <= s.samples; t += item_stride()) {")
+
+
+@pytest.mark.cuda
+def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
+    from workbook import sanitize
+
+    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
+                 and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
+    original = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
+    text = original.read_text()
+    assert text.count(OFF_BY_ONE[0]) == 1, "the loop to mutate moved: update OFF_BY_ONE"
+    mutant = tmp_path / "deform_conv2d_cuda.cu"
+    mutant.write_text(text.replace(*OFF_BY_ONE))
+    base = tmp_path / "sanitize"
+    # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.
+    code = (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
+            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(base / 'mutant')!r})\n" +
+            MUTANT_CHECKS)
+    env = sanitize.with_runtimes(sanitize.environment(base), sanitize.runtimes())
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=1200, env=env)
+    reports = sanitize.Reports()
+    for line in (result.stdout + result.stderr).splitlines(keepends=True):
+        reports(line)
+    found = reports.texts()
+    assert result.returncode != 0 and found, (result.stdout + result.stderr)[-3000:]
+    assert "AddressSanitizer" in found[0] and "sample_columns_kernel" in found[0], found[0][-3000:]
