@@ -378,8 +378,8 @@ def prepare() -> None:
 def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
     """Build stage N if needed and import its package. JIT stages build themselves on import.
 
-    Where the CUDA tests run on the emulated device (workbook.emulate), a CUDA stage's kernels
-    are built for it too: as an add-on registered beside the package's own kernels, or, for a
+    Where the CUDA tests run on the emulated device (workbook.emulate, once the test base asked
+    for it with emulate.cuda_device()), a CUDA stage's kernels are built for it too: as an add-on registered beside the package's own kernels, or, for a
     stage whose .cu files are launchers behind a C++ front (stage 04), as an emulated copy of
     the package, which is then the one imported.
 
@@ -390,7 +390,7 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
 
     s = stage(number_or_folder)
     tools_on_path()
-    emulated = s.cuda and emulate.active()
+    emulated = s.cuda and emulate.wanted()
     whole = emulated and emulate.plan(s).whole
     if whole:
         path = emulate.load_stage(s)

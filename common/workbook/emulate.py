@@ -81,13 +81,25 @@ def active() -> bool:
     return choice == "emulate" or not gpu_visible()
 
 
+_requested = False
+
+
 def cuda_device() -> str:
     """The device the CUDA tests run on: "cuda" (a GPU, or skipped), or the emulated one (named
-    here, so that torch.device understands it; its library loads with ensure_device())."""
+    here, so that torch.device understands it; its library loads with ensure_device()). Asking
+    is what makes this process build and load the emulated kernels of the CUDA stages it imports
+    (the test base asks; the demo and the benchmark, which never time emulated kernels, do not)."""
+    global _requested
     if not active():
         return "cuda"
     name_device()
+    _requested = True
     return DEVICE
+
+
+def wanted() -> bool:
+    """Whether the CUDA stages this process imports get their emulated kernels too."""
+    return _requested and active()
 
 
 def name_device() -> None:
