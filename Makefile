@@ -143,8 +143,8 @@ check: $(ENV_READY)
 	@$(PY) -m workbook.exercises check $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # Every stage carved in a temporary folder: the copy builds and fails the tests of its exercises
-# (without a GPU: CPU exercises only; a stage with CUDA exercises alone gets its carved CUDA files
-# compiled, not run). About 8 minutes on 2 cores; not part of `make test`.
+# (without a GPU the CUDA exercises run on the emulated CUDA device; with WORKBOOK_CUDA=off they
+# are compiled, not run). About 10 minutes on 2 cores; not part of `make test`.
 test-exercises: $(ENV_READY)
 	@$(PY) -m pytest -q -rs --durations=0 --durations-min=1 -m exercises $(REPO)/tests/test_exercises.py
 

@@ -132,7 +132,8 @@ def test_carving_then_restoring_gives_the_stage_back_byte_for_byte(s, tmp_path):
 
 def test_the_todo_fails_the_way_the_code_runs():
     """Host code raises naming the exercise, Python raises NotImplementedError, a CUDA kernel's
-    body is left empty (a kernel cannot raise); a host function keeps no unreachable return."""
+    body is left empty on a GPU (a kernel cannot raise) and raises on the emulated CUDA device
+    (host code); a host function keeps no unreachable return."""
     kinds = {}
     for s in STAGES:
         for e in exercises.find(s):
@@ -153,7 +154,8 @@ def test_the_todo_fails_the_way_the_code_runs():
     assert kinds["library-registration"] == "python"
     for name in ("cuda-forward-kernel", "deform-cuda-sampling"):
         e = next(e for s in STAGES for e in exercises.find(s) if e.name == name)
-        assert "TORCH_CHECK" not in "".join(exercises.stub(e))
+        stub = "".join(exercises.stub(e))
+        assert "#if defined(WORKBOOK_EMULATED_CUDA)\n" in stub and "TORCH_CHECK(false," in stub
 
 
 def fake_stage(tmp_path, files):
@@ -183,7 +185,9 @@ def test_host_device_code_raises_on_the_host_and_returns_on_the_device(tmp_path)
     assert "#if !defined(__CUDA_ARCH__)\n" in stub and "TORCH_CHECK(false," in stub
     assert stub.endswith("#endif\n    return {};\n")
     assert exercises.context(body) == ("device", False)
-    assert "TORCH_CHECK" not in "".join(exercises.stub(body)) and body.gpu_only
+    stub = "".join(exercises.stub(body))
+    assert body.gpu_only and stub.startswith("    // TODO(exercise k-body)")
+    assert "#if defined(WORKBOOK_EMULATED_CUDA)\n" in stub and stub.endswith("#endif\n")
     (s.source_dir / "csrc" / "loose.cpp").write_text(outside)
     loose = exercises.get(s, "loose")
     with pytest.raises(exercises.ExerciseError, match=r"loose.cpp:1: exercise 'loose' is not "
@@ -354,11 +358,12 @@ def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
     together may fail through one another (the LLTM backward needs its forward): each must fail,
     whatever the cause, and some failure must name an exercise.
 
-    Without a GPU the exercises in CUDA files cannot run: the build compiles them (CUDA-only
-    builds of stages whose other exercises run on the CPU), or, where no exercise runs here at
-    all, the carved CUDA files are compiled alone (the stage's other files are its own, which
-    `make test` builds); then the test is skipped, naming the missing GPU. A stage whose
-    exercises are all on the CPU builds CPU-only."""
+    Without a GPU the exercises in CUDA files run on the emulated CUDA device (the copy's .cu
+    compiled for the CPU; the copy itself is built CPU-only, as `make check` does then). With
+    WORKBOOK_CUDA=off and no GPU they cannot run: the build compiles them, or, where no exercise
+    runs here at all, the carved CUDA files are compiled alone (the stage's other files are its
+    own, which `make test` builds); then the test is skipped, naming the missing GPU. A stage
+    whose exercises are all on the CPU builds CPU-only."""
     work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
     found = exercises.find(s)
     runnable = [e for e in found if not e.gpu_only or testing.NO_CUDA is None]

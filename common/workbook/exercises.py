@@ -396,7 +396,8 @@ def stub(e: Exercise, text: str | None = None) -> list[str]:
     todo = (f"TODO(exercise {e.name}): {e.task}. Checked by {_tests_line(e)} "
             f"(make check {e.stage.number}).")
     if e.gpu_only:
-        todo += " Its tests run on a GPU: without one, make check only compiles it."
+        todo += (" Its tests run on a GPU, or without one on the emulated CUDA device "
+                 "(workbook/emulate.py).")
     message = todo_message(e)
     inner = pad + " " * 4
     if c == "#":
@@ -410,8 +411,12 @@ def stub(e: Exercise, text: str | None = None) -> list[str]:
         if where == "host":
             code = check
         elif where == "device":
-            todo += " Until then this code does nothing: its outputs hold whatever memory held."
-            code = [f"{pad}return {{}};"] if returns else []
+            # A GPU's kernel cannot raise: until then it does nothing, and its outputs hold
+            # whatever memory held. On the emulated CUDA device, host code, it can and does.
+            todo += (" Until then this code does nothing on a GPU: its outputs hold whatever "
+                     "memory held.")
+            code = ["#if defined(WORKBOOK_EMULATED_CUDA)", *check, "#endif"]
+            code += [f"{pad}return {{}};"] if returns else []
         else:
             code = ["#if !defined(__CUDA_ARCH__)", *check, "#endif"]
             code += [f"{pad}return {{}};"] if returns else []
@@ -685,6 +690,15 @@ def check(number_or_stage: int | str | Stage, work: Path | None = None, *,
     copy = tree / s.folder
     rewrite = {str(copy): _show(work)}
     run_env = dict(os.environ, **(env or {}))
+    from . import emulate
+
+    if s.cuda and emulate.active() and "WORKBOOK_NO_CUDA" not in run_env:
+        # Without a GPU the CUDA tests run on the emulated device, which compiles the copy's .cu
+        # with the host compiler: an nvcc build of the copy would never run. (make test still
+        # compiles the stages' CUDA files with nvcc.)
+        print(f"[check] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
+              f"compiled for the CPU); nvcc is not used", flush=True)
+        run_env["WORKBOOK_NO_CUDA"] = "1"
     run_env.update(WORKBOOK_BUILD_DIR=str(base / "build"),
                    TORCH_EXTENSIONS_DIR=str(base / "build" / "jit"), PYTHONUNBUFFERED="1")
     common = str(REPO / "common")
@@ -744,8 +758,9 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         own = list({r.test: r for r in own}.values())
         # A test function may run on several devices: the cases whose parameters name the other
         # device (cpu for code in a CUDA file, cuda for the rest) are not this exercise's.
-        other = "cpu" if e.gpu_only else "cuda"
-        own = [r for r in own if other not in re.split(r"[-\[\]]", r.test.partition("[")[2])]
+        other = {"cpu"} if e.gpu_only else {"cuda", "emulated_cuda"}
+        own = [r for r in own
+               if not other & set(re.split(r"[-\[\]]", r.test.partition("[")[2]))]
         attributed.update(r.test for r in own if r.outcome == "failed")
         failed = [r for r in own if r.outcome == "failed"]
         ran = [r for r in own if r.outcome != "skipped"]
