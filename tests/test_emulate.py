@@ -50,7 +50,8 @@ def test_cuda_as_a_place_to_run_becomes_the_emulated_device():
                                        "__shfl_down_sync(0xffffffff, v, 1)",
                                        "__ballot_sync(0xffffffff, p)"])
 def test_what_cannot_run_one_thread_at_a_time_is_refused_by_name(construct):
-    source = f"__global__ void k(float* x) {{\n  // __syncthreads in a comment is fine\n  {construct}\n}}\n"
+    source = (f"__global__ void k(float* x) {{\n  // __syncthreads in a comment is fine\n"
+              f"  {construct}\n}}\n")
     name = construct.split("(")[0].split()[0]
     with pytest.raises(emulate.EmulationRefused, match=rf"k\.cu:3: `{name}"):
         emulate.rewrite(source, "k.cu")
@@ -165,7 +166,7 @@ for order in ("in-order", "shuffle"):
     os.environ["WORKBOOK_EMULATE_ORDER"] = order
     runs[order] = torch.ops.emulate_test.order(x).cpu()
     assert torch.ops.emulate_test.total(x).item() == 999 * 1000 / 2
-assert torch.equal(runs["in-order"], torch.arange(1000)), "in order: block by block, thread by thread"
+assert torch.equal(runs["in-order"], torch.arange(1000)), "in order: block by block, each in order"
 assert torch.equal(runs["shuffle"].sort().values, torch.arange(1000))
 assert not torch.equal(runs["shuffle"], torch.arange(1000)), "shuffle ran in order"
 print("limits ok")
@@ -232,7 +233,8 @@ def test_the_test_base_runs_cuda_tests_where_it_says():
 
 # The bug planted: the grid-stride loop of stage 07's sampling kernel one item too far, so the
 # last thread decodes a sample past the end and loads its offsets from beyond the buffer.
-_SAMPLING = "// EXERCISE deform-cuda-sampling: per sample: locate, mask, then each channel's m sum_j w_j v_j\n"
+_SAMPLING = ("// EXERCISE deform-cuda-sampling: per sample: locate, mask, then each channel's "
+             "m sum_j w_j v_j\n")
 OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += item_stride()) {",
               _SAMPLING + "  for (int64_t t = first_item(); t <= s.samples; t += item_stride()) {")
 
@@ -262,3 +264,16 @@ def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
     found = reports.texts()
     assert result.returncode != 0 and found, (result.stdout + result.stderr)[-3000:]
     assert "AddressSanitizer" in found[0] and "sample_columns_kernel" in found[0], found[0][-3000:]
+
+
+def test_the_benchmark_never_times_the_emulated_device(monkeypatch):
+    """Even with WORKBOOK_CUDA=emulate, the benchmark's devices are the CPU and a real GPU."""
+    import importlib
+
+    if str(stages.REPO) not in sys.path:
+        sys.path.insert(0, str(stages.REPO))
+    run = importlib.import_module("bench.run")
+    monkeypatch.setenv("WORKBOOK_CUDA", "emulate")
+    devices = run.devices_to_run("all")
+    assert emulate.DEVICE not in devices and "cpu" in devices
+    assert ("cuda" in devices) == (testing.NO_GPU is None)
