@@ -379,9 +379,10 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
     """Build stage N if needed and import its package. JIT stages build themselves on import.
 
     Where the CUDA tests run on the emulated device (workbook.emulate, once the test base asked
-    for it with emulate.cuda_device()), a CUDA stage's kernels are built for it too: as an add-on registered beside the package's own kernels, or, for a
-    stage whose .cu files are launchers behind a C++ front (stage 04), as an emulated copy of
-    the package, which is then the one imported.
+    for it with emulate.cuda_device()), a CUDA stage's kernels are built for it too: as an
+    add-on registered beside the package's own kernels, or, for a stage whose .cu files are
+    launchers behind a C++ front (stage 04), as an emulated copy of the package, which is then
+    the one imported.
 
     Raises StageConflict when another stage's package of the same name is already imported
     (a copied stage, or stages 06 and 07, which both build `extops`): one per process.

@@ -696,8 +696,8 @@ def check(number_or_stage: int | str | Stage, work: Path | None = None, *,
         # Without a GPU the CUDA tests run on the emulated device, which compiles the copy's .cu
         # with the host compiler: an nvcc build of the copy would never run. (make test still
         # compiles the stages' CUDA files with nvcc.)
-        print(f"[check] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
-              f"compiled for the CPU); nvcc is not used", flush=True)
+        print("[check] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
+              "compiled for the CPU); nvcc is not used", flush=True)
         run_env["WORKBOOK_NO_CUDA"] = "1"
     run_env.update(WORKBOOK_BUILD_DIR=str(base / "build"),
                    TORCH_EXTENSIONS_DIR=str(base / "build" / "jit"), PYTHONUNBUFFERED="1")
