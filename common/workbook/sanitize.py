@@ -54,26 +54,26 @@ How it works:
   itself, whatever the environment says, so no report scrolls by in a test that passes, or gets
   lost with UBSAN_OPTIONS on its way to a subprocess. The cost is one finding per run.
 
-**What the default checks, and FULL.** The default builds each stage whose C++ CPU sources are
-its own and built ahead of time (01, 02, 05, 06 today) and runs its tests, their emulated CUDA
-kernels included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 65536 and
-600000 rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536
-and not b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
+**What the default checks, and FULL.** The default builds each stage whose C++ CPU sources are its
+own and built ahead of time (01, 02, 05, 06 today) and runs its tests, their emulated CUDA kernels
+included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 65536 and 600000
+rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536 and not
+b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
 (tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
-builds. The gradchecks are left out for time: under ASan every allocation goes through its allocator, so an op call costs about ten
-times more, and a full gradcheck calls the op twice per input element (the numerical Jacobian):
-they took 345 s of stage 06's 412, and about 75 s in each LLTM stage, against 10 to 16 s each
-without the sanitizers. They run no code that test_against_reference does not also run (forward
-and backward of every case in every dtype, gradients compared with the float64 reference). The
-stages alone took 5.5 minutes on a 2-core machine (350 CPU s), the matrices 1.5 more. FULL=1
-runs every test; adds a just-in-time stage (03: stage 02's C++ again, and a `load_inline`
-extension built and loaded under the sanitizers), a stage built from another stage's sources
-(07: stage 06's CPU kernels, CPU-only, with its package-level tests) and, where nvcc is found, a
-CUDA-only stage (04: its nvcc build's C++ front is instrumented, and its tests run its kernels
-on the emulated device, instrumented as well); and runs the short fuzzing profile and the
-concurrency test on the production build: about 22 minutes on the same machine, more than CI
-has room for (stage 07's emulated deformable-convolution kernels included: under the default
-pass, tests/test_emulate.py runs one planted bug in them under ASan).
+builds. The gradchecks are left out for time: under ASan every allocation goes through its
+allocator, so an op call costs about ten times more, and a full gradcheck calls the op twice per
+input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
+LLTM stage, against 10 to 16 s each without the sanitizers. They run no code that
+test_against_reference does not also run (forward and backward of every case in every dtype,
+gradients compared with the float64 reference). The stages alone took 5.5 minutes on a 2-core
+machine (350 CPU s), the matrices 1.5 more. FULL=1 runs every test; adds a just-in-time stage (03:
+stage 02's C++ again, and a `load_inline` extension built and loaded under the sanitizers), a stage
+built from another stage's sources (07: stage 06's CPU kernels, CPU-only, with its package-level
+tests) and, where nvcc is found, a CUDA-only stage (04: its nvcc build's C++ front is instrumented,
+and its tests run its kernels on the emulated device, instrumented as well); and runs the short
+fuzzing profile and the concurrency test on the production build: about 22 minutes on the same
+machine, more than CI has room for (stage 07's emulated deformable-convolution kernels included:
+under the default pass, tests/test_emulate.py runs one planted bug in them under ASan).
 """
 
 from __future__ import annotations
