@@ -87,7 +87,7 @@ help:
 
 env: $(ENV_READY)
 
-$(VENV)/.installed: requirements.txt scripts/bootstrap.sh
+$(VENV)/.installed: requirements.txt requirements-book.txt scripts/bootstrap.sh
 	@scripts/bootstrap.sh venv $(VENV) $(BOOTSTRAP_PYTHON)
 	@touch $@
 
@@ -172,7 +172,8 @@ notebooks: $(ENV_READY)
 # The book: a static site of the stage lessons, their diffs and the executed notebooks, under
 # build/book/ (scripts/book.py says what goes in). It reuses the executed copies in
 # build/notebooks/ that are current and executes the others; REUSE=1 takes them as they are.
-# mistune and Pygments come from requirements-book.txt, installed on first use.
+# mistune and Pygments come from requirements-book.txt (requirements.txt includes it); with
+# PYTHON=... they are installed on first use.
 book: $(ENV_READY)
 	@$(PY) -c "import mistune, pygments" 2>/dev/null || \
 		$(PY) -m pip install --disable-pip-version-check --quiet -r $(REPO)/requirements-book.txt

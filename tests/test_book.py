@@ -1,17 +1,16 @@
 """The book (scripts/book.py): its pages, pictures and links, and the check that guards them.
 
-Two kinds of test. The first kind runs in `make test` and takes a few seconds (those that
-render Markdown once the first `make book` has installed mistune; before, they skip): a notebook
+Two kinds of test. The first kind runs in `make test` and takes a few seconds: a notebook
 renders every one of its pictures; each stage's lesson diff keeps every changed line; a book
 built from the committed notebooks (no outputs, so no executing) passes the check, and the same
 book, broken in one way at a time, fails it, naming what broke.
 
-The second kind checks the book `make book` built, and runs where WORKBOOK_BOOK names it, as
-`make book-check` does (CI runs that after `make test`, which executes the notebooks): every
+The second kind, marked `book`, checks the book `make book` built, where WORKBOOK_BOOK names
+it, as `make book-check` does (CI runs that after `make test`, which executes the notebooks): every
 stage page there, every notebook page with as many pictures as its executed copy, every internal
 link and image resolving; a copy of it with a picture and a page taken away fails the check, and
 one with a console error, a missing picture and a fetch from the network fails the browser check
-(scripts/book_browser.py; where chromium is installed).
+(scripts/book_browser.py, with Debian's chromium, which .ci/run installs).
 """
 
 import base64
@@ -39,13 +38,14 @@ PIXEL = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
     "0000000d49444154789c6360f8cf00000301010018dd8db00000000049454e44ae426082")).decode()
 BUILT = os.environ.get("WORKBOOK_BOOK")
-# mistune (requirements-book.txt) is installed by the first `make book`, so a fresh clone's
-# `make test` may not have it yet; `make book-check` installs it, then runs these too.
-needs_mistune = pytest.mark.skipif(
-    importlib.util.find_spec("mistune") is None and not BUILT,
-    reason="mistune is not installed yet: make book installs requirements-book.txt")
-needs_built_book = pytest.mark.skipif(
-    not BUILT, reason="checks the book make book built: make book-check runs it")
+# The tests of the book `make book` built are marked `book`: `make test` leaves them out (there
+# is no built book yet), `make book-check` builds it and runs them, with WORKBOOK_BOOK set.
+needs_built_book = pytest.mark.book
+
+
+def built_book() -> Path:
+    assert BUILT, "this test checks the book make book built: run it with make book-check"
+    return Path(BUILT)
 
 
 def picture_output():
@@ -63,7 +63,6 @@ def tiny_notebook(pictures):
     return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
-@needs_mistune
 def test_a_notebook_shows_every_picture_and_printed_line(tmp_path):
     nb = tiny_notebook(3)
     assert book.count_images(nb) == 3
@@ -75,7 +74,6 @@ def test_a_notebook_shows_every_picture_and_printed_line(tmp_path):
         ["01.png", "02.png", "03.png"]
 
 
-@needs_mistune
 def test_an_output_the_book_cannot_show_is_an_error(tmp_path):
     nb = tiny_notebook(0)
     nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x",
@@ -126,7 +124,6 @@ def broken_copy(small_book, tmp_path):
     return tmp_path / "book", tmp_path / "executed"
 
 
-@needs_mistune
 def test_a_built_book_passes_the_check(small_book):
     out, executed = small_book
     assert book.check(out, executed) == []
@@ -136,7 +133,6 @@ def test_a_built_book_passes_the_check(small_book):
         assert "test footer" in page
 
 
-@needs_mistune
 def test_the_check_fails_on_a_missing_stage_page(small_book, tmp_path):
     out, executed = broken_copy(small_book, tmp_path)
     last = stages.all_stages()[-1]
@@ -146,7 +142,6 @@ def test_the_check_fails_on_a_missing_stage_page(small_book, tmp_path):
     assert any("points at a missing file" in p for p in problems)
 
 
-@needs_mistune
 def test_the_check_fails_when_a_picture_is_not_shown(small_book, tmp_path):
     out, executed = broken_copy(small_book, tmp_path)
     first = book.find_notebooks()[0]
@@ -158,7 +153,6 @@ def test_the_check_fails_when_a_picture_is_not_shown(small_book, tmp_path):
         book.check(out, executed)
 
 
-@needs_mistune
 def test_the_check_fails_on_a_broken_link_an_anchor_and_a_network_resource(small_book, tmp_path):
     out, executed = broken_copy(small_book, tmp_path)
     index = out / "index.html"
@@ -174,7 +168,7 @@ def test_the_check_fails_on_a_broken_link_an_anchor_and_a_network_resource(small
 
 @needs_built_book
 def test_the_built_book_has_every_page_picture_and_link():
-    out = Path(BUILT)
+    out = built_book()
     executed = book.build_root() / "notebooks"
     assert book.check(out, executed) == []
     pictures = sum(book.count_images(json.loads((executed / nb.name).read_text()))
@@ -186,7 +180,7 @@ def test_the_built_book_has_every_page_picture_and_link():
 @needs_built_book
 def test_the_check_fails_on_a_copy_of_the_built_book_missing_a_picture_and_a_page(tmp_path):
     out = tmp_path / "book"
-    shutil.copytree(BUILT, out)
+    shutil.copytree(built_book(), out)
     executed = book.build_root() / "notebooks"
     picture = sorted((out / "img").rglob("*.png"))[-1]  # the last notebook's, not stage 1's
     picture.unlink()
@@ -198,10 +192,10 @@ def test_the_check_fails_on_a_copy_of_the_built_book_missing_a_picture_and_a_pag
 
 
 @needs_built_book
-@pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium: apt-get install chromium")
 def test_the_browser_check_fails_on_a_console_error_a_missing_image_and_a_fetch(tmp_path):
+    assert shutil.which("chromium"), "no chromium: apt-get install chromium (.ci/run does)"
     out = tmp_path / "book"
-    shutil.copytree(BUILT, out, ignore=shutil.ignore_patterns("shots"))
+    shutil.copytree(built_book(), out, ignore=shutil.ignore_patterns("shots"))
     picture = sorted((out / "img").rglob("*.png"))[0]
     picture.unlink()
     index = out / "index.html"

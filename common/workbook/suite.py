@@ -5,8 +5,9 @@
     python -m workbook.suite 5 -- -k opcheck -x                      (pytest options after --)
 
 The tests marked `template` (a stage generated or copied, then built and tested, in a copy of
-the repository: minutes each) are left to `make test-template`, and those marked `exercises`
-(every stage carved, built and tested) to `make test-exercises`.
+the repository: minutes each) are left to `make test-template`, those marked `exercises`
+(every stage carved, built and tested) to `make test-exercises`, and those marked `book` (the
+site `make book` built) to `make book-check`.
 
 Why a process per stage: a stage's package, and the op namespace a torch.library stage
 registers, load once per process. Stages 06 and 07 both build `extops`, and a stage copied under
@@ -87,7 +88,7 @@ def parts_for(targets: list[str]) -> list[Part]:
     if targets == ["all"]:
         chosen = stages.all_stages()
         extra = [Part("tests/ (tools, notebooks, benchmark)", [REPO / "tests"],
-                      ["-m", "not template and not exercises"])]
+                      ["-m", "not template and not exercises and not book"])]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra
