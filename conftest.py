@@ -1,37 +1,5 @@
-"""pytest's hooks for every test of the repository (the stages' and tests/).
+"""pytest's hooks for every test of the repository (the stages' and tests/): the emulated CUDA
+device's (workbook/pytest_emulated.py: it loads the device for the tests marked `cuda`, and counts
+them in one closing line)."""
 
-Tests of CUDA kernels carry the mark `cuda` (workbook.testing.requires_cuda, and parameters on
-the CUDA device). Where those run on the emulated CUDA device (workbook.emulate: no GPU visible,
-or WORKBOOK_CUDA=emulate), the device is loaded before each such test, and the run ends with one
-line saying how many ran emulated, so that no emulated result passes for a GPU's.
-"""
-
-import collections
-
-import pytest
-
-from workbook import emulate, testing
-
-_outcomes: collections.Counter = collections.Counter()
-
-
-def pytest_runtest_setup(item):
-    if testing.EMULATED and item.get_closest_marker("cuda") is not None:
-        emulate.ensure_device()
-
-
-def pytest_runtest_logreport(report):
-    if not testing.EMULATED or "cuda" not in report.keywords:
-        return
-    if report.when == "call" or (report.when == "setup" and not report.passed):
-        _outcomes[report.outcome] += 1
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter):
-    if not testing.EMULATED or not _outcomes:
-        return
-    counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(_outcomes.items()))
-    terminalreporter.write_line(
-        f"[emulated] {sum(_outcomes.values())} CUDA tests ran on the emulated CUDA device "
-        f"(the stages' kernels compiled for the CPU; not a GPU result): {counts}")
+pytest_plugins = ["workbook.pytest_emulated"]

@@ -720,8 +720,10 @@ def check(number_or_stage: int | str | Stage, work: Path | None = None, *,
     junit = base / "report.xml"
     junit.unlink(missing_ok=True)
     targets = [str(copy / t) for t in dict.fromkeys(tests)] if tests else [str(copy)]
+    # The copy is outside the repository, so its conftest.py is not found: its plugin by name.
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-c",
-           str(REPO / "pyproject.toml"), "--rootdir", str(copy), f"--junitxml={junit}",
+           str(REPO / "pyproject.toml"), "--rootdir", str(copy), "-p", "workbook.pytest_emulated",
+           f"--junitxml={junit}",
            "-o", "junit_family=xunit1", *targets, *pytest_args]
     print(f"[check] running {s.label}'s tests on your copy: pytest "
           f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)
