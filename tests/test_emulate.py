@@ -204,18 +204,24 @@ print("MUTANT", "PASSED" if result.ok else "CAUGHT", result)
 """
 
 
-@pytest.mark.cuda
-def test_a_mutation_of_a_stage_kernel_fails_against_the_reference(tmp_path):
+def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
+    """MUTANT_CHECKS, run on a copy of stage 07's CUDA file with `mutation` (old, new) applied
+    once, built into build_dir beside the stage's own (ordinary) library."""
     stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
                  and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
     original = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
     text = original.read_text()
-    assert text.count(SWAPPED[0]) == 1, "the line to mutate moved: update SWAPPED"
+    assert text.count(mutation[0]) == 1, "the code to mutate moved: update the mutation"
     mutant = tmp_path / "deform_conv2d_cuda.cu"
-    mutant.write_text(text.replace(*SWAPPED))
-    code = (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
-            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(tmp_path / 'build')!r})\n" +
+    mutant.write_text(text.replace(*mutation))
+    return (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
+            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(build_dir)!r})\n" +
             MUTANT_CHECKS)
+
+
+@pytest.mark.cuda
+def test_a_mutation_of_a_stage_kernel_fails_against_the_reference(tmp_path):
+    code = mutant_script(tmp_path, SWAPPED, tmp_path / "build")
     result = run_fresh(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MUTANT CAUGHT" in result.stdout, result.stdout[-2000:]
@@ -243,18 +249,9 @@ OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += 
 def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
     from workbook import sanitize
 
-    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
-                 and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
-    original = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
-    text = original.read_text()
-    assert text.count(OFF_BY_ONE[0]) == 1, "the loop to mutate moved: update OFF_BY_ONE"
-    mutant = tmp_path / "deform_conv2d_cuda.cu"
-    mutant.write_text(text.replace(*OFF_BY_ONE))
     base = tmp_path / "sanitize"
     # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.
-    code = (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
-            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(base / 'mutant')!r})\n" +
-            MUTANT_CHECKS)
+    code = mutant_script(tmp_path, OFF_BY_ONE, base / "mutant")
     env = sanitize.with_runtimes(sanitize.environment(base), sanitize.runtimes())
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=1200, env=env)
