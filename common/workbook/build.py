@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -210,8 +211,10 @@ def max_jobs() -> str:
 def setup_options(setup_file: str | Path) -> dict:
     """setuptools options that keep build/ and *.egg-info out of the source tree: a stage's
     setup.py passes its own path (``__file__``), and its build goes to build/stages/<folder>."""
-    path = Path(setup_file)
-    base = build_root() / "stages" / (path.parent.name if path.suffix == ".py" else path.name)
+    path = Path(setup_file).resolve()
+    folder = path.parent if path.suffix == ".py" else path
+    base = (stages.read(folder).build_dir if (folder / "stage.toml").is_file()
+            else build_root() / "stages" / folder.name)
     base.mkdir(parents=True, exist_ok=True)
     return {
         "build": {"build_base": str(base), "build_lib": str(base / "lib")},
@@ -246,9 +249,15 @@ def _built_libraries(s: Stage) -> list[Path]:
     return list((s.lib_dir / s.package).glob("*.so")) if s.lib_dir.is_dir() else []
 
 
+def _toolkit_for(s: Stage):
+    """The CUDA toolkit stage s builds with: None for a stage without CUDA sources, for a
+    CPU-only build (Stage.cpu_only_build()), and where none is found."""
+    return cuda_toolkit() if s.cuda and not s.cpu_only else None
+
+
 def _toolkit_used(s: Stage) -> str:
     """The CUDA toolkit a CUDA stage builds with now ("none": CPU-only), to rebuild on a change."""
-    found = cuda_toolkit() if s.cuda else None
+    found = _toolkit_for(s)
     return str(found.home) if found else "none"
 
 
@@ -273,7 +282,7 @@ def build_record(s: Stage | None = None) -> str:
     record = (f"torch {torch.__version__}\ncxx_flags {' '.join(cxx_flags())}\n"
               f"cpu_simd_flags {' '.join(cpu_simd_flags()) or 'none'}\n")
     if s is not None and s.cuda:
-        found = cuda_toolkit()  # sets TORCH_CUDA_ARCH_LIST, as the build does
+        found = _toolkit_for(s)  # sets TORCH_CUDA_ARCH_LIST, as the build does
         record += (f"cuda_arch_list {cuda_arch_list()}\nnvcc_flags {' '.join(nvcc_flags())}\n"
                    if found else "cuda_arch_list none (CPU-only build)\n")
     return record
@@ -317,31 +326,42 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     s = stage(number_or_folder)
     if s.kind != "setup":
         raise ValueError(f"stage {s.number} ({s.folder}) is built when imported, not with setup.py")
-    if s.cuda and cuda_toolkit() is None:
+    if s.cuda and _toolkit_for(s) is None:
         from . import toolkit
 
+        why = "asked for" if s.cpu_only and not stages.cuda_disabled() else toolkit.reason()
         if not s.cpu_fallback:
-            raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: {toolkit.reason()}")
-        if not quiet:
-            print(f"[build] stage {s.number} ({s.folder}): CUDA toolkit not found, building "
-                  f"CPU-only ({toolkit.reason()})")
+            raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: CUDA only, and no CUDA "
+                               f"build here ({why})")
+        cpu_only = f" CPU-only, without its CUDA kernels ({why}),"
+    else:
+        cpu_only = ""
     if not force and is_up_to_date(s):
         if not quiet:
             print(f"[build] stage {s.number} ({s.folder}) is up to date in {s.lib_dir}")
         return s.lib_dir
     s.build_dir.mkdir(parents=True, exist_ok=True)
+    if force:  # every object too, not only the library
+        for temp in s.build_dir.glob("temp.*"):
+            shutil.rmtree(temp)
     tools_on_path()
     log = s.build_dir / "build.log"
     _record_file(s).unlink(missing_ok=True)
     env = dict(os.environ, MAX_JOBS=max_jobs())
+    if s.cpu_only:
+        env["WORKBOOK_NO_CUDA"] = "1"  # setup.py then builds it CPU-only, into s.build_dir
     if not quiet:
         print(
-            f"[build] stage {s.number} ({s.folder}): compiling with MAX_JOBS={env['MAX_JOBS']}, "
+            f"[build] stage {s.number} ({s.folder}): compiling{cpu_only} with MAX_JOBS="
+            f"{env['MAX_JOBS']}, "
             f"log in {log.relative_to(REPO) if log.is_relative_to(REPO) else log} ...",
             flush=True,
         )
     start = time.perf_counter()
-    cmd = [sys.executable, "setup.py", "build"] + (["--force"] if force else [])
+    # --force: setuptools would skip a library newer than its sources even when it was built
+    # with other flags (the record says so, setuptools does not look); ninja still recompiles
+    # only the objects whose source or command line changed.
+    cmd = [sys.executable, "setup.py", "build", "--force"]
     with open(log, "w") as out:
         proc = subprocess.run(cmd, cwd=s.source_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -414,11 +434,93 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
     return loaded
 
 
+def _build_one(s: Stage, *, force: bool = False, require_cuda: bool = False) -> int:
+    """Build (or, for a JIT stage, import) one stage, printing what happens; the exit status."""
+    if s.kind == "jit":
+        print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
+              f"importing it (cached under {build_root() / 'jit'}) ...", flush=True)
+        start = time.perf_counter()
+        try:
+            import_stage(s)
+        except Exception as error:  # a compile error surfaces as an ImportError or RuntimeError
+            print(f"[build] {s.label} failed to build: {error}")
+            return 1
+        print(f"[build] stage {s.number} ({s.folder}) ready in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+        return 0
+    try:
+        build_stage(s, force=force)
+    except StageSkipped as skipped:
+        print(f"[build] {skipped}", flush=True)
+        return 1 if require_cuda else 0
+    except RuntimeError as error:
+        print(f"[build] {error}", flush=True)
+        return 1
+    return 0
+
+
+def _weight(s: Stage) -> int:
+    """A rough cost of building s, to start the longest builds first: its translation units,
+    a .cu file (nvcc, for one or more GPU architectures) counting as three."""
+    if s.kind == "jit":
+        return 1
+    units = [p for folder in s.source_dirs for pat in ("*.cpp", "*.cu") for p in folder.rglob(pat)]
+    with_cuda = _toolkit_for(s) is not None
+    return sum(3 if p.suffix == ".cu" else 1 for p in units if with_cuda or p.suffix != ".cu")
+
+
+def build_side_by_side(targets: list[Stage], *, force: bool = False,
+                       require_cuda: bool = False) -> int:
+    """Build several stages at the same time, each in a process of its own; the exit status.
+
+    A stage is a chain of compiles, and one that has a single file (stage 01) keeps one core
+    busy however many there are: so the stages are built side by side, as many at a time as
+    MAX_JOBS allows, each with twice its share of MAX_JOBS. At most twice MAX_JOBS compilers run
+    at once, and the stage still compiling when the others are done is not left with one job.
+    The longest builds start first. Each stage writes its compiler output to its own build.log,
+    and its lines of progress here.
+    """
+    to_build = [s for s in targets if force or s.kind == "jit" or not is_up_to_date(s)]
+    for s in targets:
+        if s not in to_build:
+            print(f"[build] {s.label} is up to date in {s.lib_dir}")
+    slots = int(max_jobs())
+    at_once = max(1, min(slots, len(to_build)))
+    if at_once == 1:
+        return max([_build_one(s, force=force, require_cuda=require_cuda) for s in to_build],
+                   default=0)
+    queue = sorted(to_build, key=_weight, reverse=True)
+    jobs = str(max(1, 2 * slots // at_once))
+    print(f"[build] {len(queue)} stages side by side, {at_once} at a time with MAX_JOBS={jobs} "
+          f"each: {', '.join(str(s.number) for s in queue)}", flush=True)
+    start = time.perf_counter()
+    running: dict[subprocess.Popen, Stage] = {}
+    status = 0
+    while queue or running:
+        while queue and len(running) < at_once:
+            s = queue.pop(0)
+            env = dict(os.environ, MAX_JOBS=jobs)
+            if s.cpu_only:
+                env["WORKBOOK_NO_CUDA"] = "1"
+            cmd = [sys.executable, "-m", "workbook.build", str(s.source_dir)]
+            cmd += ["--force"] * force + ["--require-cuda"] * require_cuda
+            running[subprocess.Popen(cmd, env=env)] = s
+        time.sleep(0.2)
+        for proc in [p for p in running if p.poll() is not None]:
+            status = max(status, proc.returncode)
+            if proc.returncode:
+                print(f"[build] {running[proc].label}: FAILED (see above)", flush=True)
+            del running[proc]
+    print(f"[build] {len(to_build)} stages done in {time.perf_counter() - start:.1f} s"
+          + ("" if status == 0 else ": some FAILED, see above"), flush=True)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
-    parser.add_argument("stage", help="stage number, folder name, or `all`")
+    parser.add_argument("stage", help="stage number, folder name or path, or `all`")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--require-cuda", action="store_true",
                         help="exit 1 when a CUDA stage cannot be built with its CUDA kernels "
@@ -430,22 +532,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
         return 1
-    for s in targets:
-        if s.kind == "jit":
-            print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
-                  f"importing it (cached under {build_root() / 'jit'}) ...", flush=True)
-            start = time.perf_counter()
-            import_stage(s)
-            print(f"[build] stage {s.number} ({s.folder}) ready in "
-                  f"{time.perf_counter() - start:.1f} s")
-        else:
-            try:
-                build_stage(s, force=args.force)
-            except StageSkipped as skipped:
-                print(f"[build] {skipped}")
-                if args.require_cuda:
-                    return 1
-    return 0
+    if len(targets) > 1:
+        return build_side_by_side(targets, force=args.force, require_cuda=args.require_cuda)
+    return _build_one(targets[0], force=args.force, require_cuda=args.require_cuda)
 
 
 if __name__ == "__main__":

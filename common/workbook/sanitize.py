@@ -238,7 +238,8 @@ def check_stage(s: Stage, base: Path, preload: list[str], pytest_options: list[s
     result = Result(s.label)
     env = environment(base, cpu_only=s.cpu_fallback or not s.cuda)
     sanitized = with_runtimes(env, preload)
-    where = base / ("jit" if s.kind == "jit" else f"stages/{s.folder}")
+    cpu_only = s.cuda and s.cpu_fallback  # built as Stage.cpu_only_build() says
+    where = base / ("jit" if s.kind == "jit" else f"stages{'-cpu' * cpu_only}/{s.folder}")
     print(f"\n[sanitize] ===== {s.label}: building with ASan+UBSan into {where} ...", flush=True)
     start, cpu = time.perf_counter(), children_cpu()
     built = subprocess.run([sys.executable, "-m", "workbook.build", str(s.source_dir)],

@@ -68,6 +68,9 @@ class Stage:
     lesson: tuple[tuple[str, str], ...] = ()  # (before, after) file pairs, relative to stages/
     sources_from: tuple[str, ...] = ()  # other stage folders whose sources it compiles
     source_dir: Path = dataclasses.field(default=STAGES_DIR, compare=False)
+    # A CUDA stage built without its CUDA kernels (WORKBOOK_NO_CUDA=1, or `cpu_only_build()`):
+    # a library of its own, in a folder of its own, so neither build replaces the other.
+    cpu_only: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def source_dirs(self) -> list[Path]:
@@ -76,7 +79,17 @@ class Stage:
 
     @property
     def build_dir(self) -> Path:
-        return build_root() / "stages" / self.folder
+        """build/stages/<folder>; build/stages-cpu/<folder> for a CUDA stage built CPU-only."""
+        return build_root() / ("stages-cpu" if self.cpu_only else "stages") / self.folder
+
+    def cpu_only_build(self) -> Stage:
+        """This stage built without CUDA kernels (itself, for a stage without CUDA sources).
+
+        `make demo` on a machine without a GPU builds these: CUDA kernels that cannot run there
+        are not compiled. Without a CUDA toolkit the ordinary build is CPU-only already (in
+        build/stages/), and that is the one to use.
+        """
+        return dataclasses.replace(self, cpu_only=True) if self.cuda else self
 
     @property
     def lib_dir(self) -> Path:
@@ -138,7 +151,16 @@ def read(folder: Path) -> Stage:
                  tuple(data["ops"]), data["build"], data.get("cuda", False),
                  data.get("cpu_fallback", False), data.get("production", False),
                  tuple(tuple(pair) for pair in lesson), tuple(data.get("sources_from", [])),
-                 folder)
+                 folder, cpu_only=data.get("cuda", False) and cuda_disabled())
+
+
+def cuda_disabled() -> bool:
+    """WORKBOOK_NO_CUDA=1: every CUDA stage builds CPU-only (workbook.toolkit finds no toolkit).
+
+    The stages read in such a process are their CPU-only builds; the build of a CPU-only stage
+    passes the variable on to its setup.py, so both sides agree on the folder.
+    """
+    return os.environ.get("WORKBOOK_NO_CUDA", "0") not in ("", "0")
 
 
 def discover(root: Path = STAGES_DIR) -> dict[int, Stage]:

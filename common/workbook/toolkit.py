@@ -143,7 +143,9 @@ def _short(path: Path) -> str:
 
 @functools.cache
 def _search() -> tuple[Toolkit | None, str]:
-    if os.environ.get("WORKBOOK_NO_CUDA", "0") not in ("", "0"):
+    from .stages import cuda_disabled
+
+    if cuda_disabled():
         return None, "WORKBOOK_NO_CUDA is set"
     wanted = torch_cuda_version()
     if wanted is None:
