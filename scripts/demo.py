@@ -41,16 +41,62 @@ def check(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
     return result.ok
 
 
-def time_line(label: str, fn, sample: Sample,
-              base: tuple[float, float] | None) -> tuple[float, float]:
-    call, tensors = sample.bind(fn)
-    fwd, bwd = (t.median_us for t in timing.forward_backward(call, tensors))
-    ratio = f"   ({base[0] / fwd:.2f}x | {base[1] / bwd:.2f}x)" if base else ""
-    print(f"  {label:<44} Forward: {fwd:9.1f} us | Backward: {bwd:9.1f} us{ratio}")
-    return fwd, bwd
+# Each op is timed in ROUNDS interleaved rounds of one MIN_RUN_TIME block per line and phase: some
+# ROUNDS x lines x 2 x MIN_RUN_TIME seconds (3.5 s for the LLTM's five lines), more where a call
+# takes longer than a block (torchvision's deformable backward) or the machine is busy. Seven
+# rounds: the IQR of seven values rests on more than two of them.
+ROUNDS, MIN_RUN_TIME = 7, 0.05
 
 
-def demo_op(name: str, modules: dict[int, object], devices: list[str]) -> bool:
+def pick_threads() -> int:
+    """The intra-op threads to time with: torch's count, less the cores other processes keep busy
+    in a 0.3 s look (timing.choose_threads); printed, with why. Two OpenMP threads on a core that a
+    compiler also wants wait on each other at every parallel region: fewer threads than cores is
+    slower on a quiet machine, and far less wrong on a busy one."""
+    load = timing.probe()
+    threads = timing.choose_threads(load, most=torch.get_num_threads())
+    print(f"\n[demo] timing with {threads} intra-op thread{'s' * (threads != 1)} (torch's count: "
+          f"{torch.get_num_threads()}): in a {load.seconds:.1f} s look, {load.describe()}")
+    return threads
+
+
+def time_lines(lines: list[tuple[str, object]], sample: Sample
+               ) -> tuple[dict[str, tuple[timing.Repeated, timing.Repeated]], timing.Verdict]:
+    """Every line's (forward, backward) times, in rounds interleaved over the lines and phases
+    (timing.interleaved), and the verdict on them: other processes' load meanwhile, each
+    timing's noise (IQR / median over the rounds)."""
+    runs = {}
+    for label, fn in lines:
+        call, tensors = sample.bind(fn)
+        runs[label, "forward"], runs[label, "backward"] = timing.autograd_runners(call, tensors)
+    with timing.LoadMonitor() as watch:
+        found = timing.interleaved(runs, rounds=ROUNDS, min_run_time=MIN_RUN_TIME)
+    verdict = timing.Verdict.judge(watch.load, {f"{label} {phase}": t.noise
+                                                for (label, phase), t in found.items()})
+    times = {label: (found[label, "forward"], found[label, "backward"]) for label, _ in lines}
+    return times, verdict
+
+
+def line_text(label: str, times: tuple[timing.Repeated, timing.Repeated],
+              base: tuple[timing.Repeated, timing.Repeated] | None, verdict: timing.Verdict) -> str:
+    """`Forward: X us +-n% | Backward: Y us +-n%`, then, against the first line, `(fx +-n% | bx
+    +-n%)`: its speedups and their noise; `UNRELIABLE` after them when the machine was busy or
+    a ratio's noise passed timing.NOISY."""
+    fwd, bwd = times
+    text = (f"  {label:<44} Forward: {fwd.median_us:9.1f} us +-{fwd.noise:<4.0%}| "
+            f"Backward: {bwd.median_us:9.1f} us +-{bwd.noise:<4.0%}")
+    if base is None:
+        return text
+    ratios = [timing.ratio(b, t) for b, t in zip(base, times)]
+    shown = " | ".join(f"{r:.2f}x +-{noise:.0%}" for r, noise in ratios)
+    mark = ": UNRELIABLE" if any(verdict.unreliable(noise) for _, noise in ratios) else ""
+    return f"{text} ({shown}{mark})"
+
+
+def demo_op(name: str, modules: dict[int, object], devices: list[str],
+            threads: int | None = None) -> bool:
+    """Check every stage's `name` against the float64 reference, then time them beside the op's
+    baselines with `threads` intra-op threads (None: pick_threads() chooses them, here)."""
     spec = ops.get(name)
     providers = [s for s in stages.providing(name) if s.number in modules]
     ok = True
@@ -59,19 +105,31 @@ def demo_op(name: str, modules: dict[int, object], devices: list[str]) -> bool:
         runnable = [s for s in providers if device in s.devices]
         if not runnable:
             continue
-        sample = spec.make(spec.demo_case, device=device, dtype=torch.float32)
-        impls = [(f"{s.number:02d} {s.package}.{name}", getattr(modules[s.number], name))
-                 for s in runnable]
-        print(f"\n[demo] {name}, {sizes}, float32, on {timing.describe_machine(device)}")
-        print("  checked against the float64 reference first:")
-        for label, fn in impls:
-            ok &= check(f"{label} ({device})", fn, spec, sample)
-        print("  then timed (forward with autograd recording; backward alone); in brackets the "
-              "speedup over the first line:")
-        base = None
-        for label, fn in [*spec.baseline_functions().items(), *impls]:
-            times = time_line(f"{label} ({device})", fn, sample, base)
-            base = base or times
+        with timing.intra_op_threads(pick_threads() if threads is None else threads):
+            ok &= demo_device(name, spec, sizes, device, modules, runnable)
+    return ok
+
+
+def demo_device(name: str, spec: OpSpec, sizes: str, device: str, modules: dict[int, object],
+                runnable: list[stages.Stage]) -> bool:
+    sample = spec.make(spec.demo_case, device=device, dtype=torch.float32)
+    impls = [(f"{s.number:02d} {s.package}.{name}", getattr(modules[s.number], name))
+             for s in runnable]
+    print(f"\n[demo] {name}, {sizes}, float32, on {timing.describe_machine(device)}")
+    print("  checked against the float64 reference first:")
+    ok = True
+    for label, fn in impls:
+        ok &= check(f"{label} ({device})", fn, spec, sample)
+    lines = [(f"{label} ({device})", fn) for label, fn in [*spec.baseline_functions().items(),
+                                                             *impls]]
+    print(f"  then timed in {ROUNDS} rounds interleaved over the lines (forward with autograd "
+          f"recording; backward alone): medians over the rounds, +- their IQR / median; in "
+          f"brackets the speedup over the first line:")
+    times, verdict = time_lines(lines, sample)
+    print(f"  [demo] {verdict.summary()}")
+    base = times[lines[0][0]]
+    for label, _ in lines:
+        print(line_text(label, times[label], None if label == lines[0][0] else base, verdict))
     return ok
 
 
