@@ -17,18 +17,41 @@ from workbook import build, ops, stages, timing
 from workbook.opspec import OpSpec, Sample, compare
 
 
-def load(stage: stages.Stage, loaded: dict[str, stages.Stage]) -> tuple[object | None, str]:
-    """The stage's package, or None and why not (skipped here, or its package name is taken)."""
+def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
+    """The stages the demo builds and runs here, and why each other stage is not run.
+
+    One stage per package (a package loads once per process): the newest, which is the one a
+    user would import. Without a GPU nothing is compiled that cannot run: a CUDA-only stage is
+    not built, and a stage with a CPU fallback is built CPU-only, in a folder of its own
+    (build/stages-cpu/), unless its full build is already up to date (after `make test`). `make
+    test` still compiles every CUDA file, and runs the CUDA tests on the emulated CUDA device.
+    """
+    from workbook import toolkit
+
+    chosen: dict[str, stages.Stage] = {}
+    not_run: dict[int, str] = {}
+    for s in reversed(stages.all_stages()):
+        if s.package in chosen:
+            not_run[s.number] = (f"its package `{s.package}` is {chosen[s.package].label}'s "
+                                 f"too, and one loads per process: `make stage {s.number}` "
+                                 f"tests it")
+        elif s.cuda and not gpu and not s.cpu_fallback:
+            not_run[s.number] = (f"CUDA only, and there is no GPU here, so it is not built; "
+                                 f"`make stage {s.number}` builds it and runs its tests on the "
+                                 f"emulated CUDA device")
+        elif s.cuda and not gpu and toolkit.find() is not None and not build.is_up_to_date(s):
+            chosen[s.package] = s.cpu_only_build()
+        else:
+            chosen[s.package] = s
+    return sorted(chosen.values(), key=lambda s: s.number), not_run
+
+
+def load(stage: stages.Stage) -> tuple[object | None, str]:
+    """The stage's package (built already), or None and why not."""
     try:
-        module = stage.load(quiet=False)
-    except build.StageSkipped as skipped:
-        return None, str(skipped)
-    except build.StageConflict:
-        other = loaded[stage.package]
-        return None, (f"its package `{stage.package}` is {other.label}'s too, and one loads per "
-                      f"process: `make stage {stage.number}` tests it")
-    loaded.setdefault(stage.package, stage)
-    return module, ""
+        return stage.load(quiet=False), ""
+    except (build.StageSkipped, build.StageConflict, RuntimeError, ImportError) as error:
+        return None, str(error)
 
 
 def check(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
@@ -134,22 +157,31 @@ def demo_device(name: str, spec: OpSpec, sizes: str, device: str, modules: dict[
 
 
 def main() -> int:
-    print("[demo] building and importing the stages (first time: a minute or two each) ...")
-    modules, not_run, loaded = {}, {}, {}
-    for s in reversed(stages.all_stages()):  # newest first: it wins a package name
-        module, why = load(s, loaded)
+    gpu = torch.cuda.is_available()
+    to_run, not_run = plan(gpu)
+    cpu_only = [s for s in to_run if s.cpu_only]
+    if cpu_only:
+        print(f"[demo] no GPU here: stage {', '.join(str(s.number) for s in cpu_only)} built "
+              f"CPU-only (their CUDA kernels could not run); nvcc is not used")
+    print(f"[demo] building stages {', '.join(str(s.number) for s in to_run)} (the first time "
+          f"takes minutes; compiler output in build/stages*/<stage>/build.log) ...", flush=True)
+    build.build_side_by_side(to_run)
+    modules = {}
+    for s in to_run:
+        module, why = load(s)
         if module is None:
             not_run[s.number] = why
         else:
             modules[s.number] = module
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    devices = ["cpu"] + (["cuda"] if gpu else [])
     ok = True
     for name in dict.fromkeys(op for s in stages.all_stages() for op in s.ops):
         ok &= demo_op(name, modules, devices)
     for number, reason in sorted(not_run.items()):
         print(f"\n[demo] {stages.get(number).label} not run here: {reason}")
-    if not torch.cuda.is_available():
-        print("\n[demo] no GPU here: CUDA kernels are built and imported but not run.")
+    if not gpu:
+        print("\n[demo] no GPU here: the CUDA kernels were not built. `make test` compiles every "
+              "CUDA file and runs the CUDA tests on the emulated CUDA device (correctness only).")
     print("\n[demo] every implementation matches its reference." if ok else
           "\n[demo] MISMATCH: see above.")
     return 0 if ok else 1

@@ -379,10 +379,31 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
 
 def tools_on_path() -> None:
     """Put this interpreter's bin folder first on PATH: torch runs `ninja` by name, and a venv's
-    ninja lives there even when the venv is not activated."""
+    ninja lives there even when the venv is not activated. Set up the compiler cache too."""
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    compiler_cache()
+
+
+def compiler_cache() -> str:
+    """The compiler cache the builds use, set up; in words, for the build's first line.
+
+    torch's extension builder puts ccache (or sccache) in front of g++ and nvcc wherever it is
+    on PATH (torch 2.13.0 and 2.14.1 do, since pytorch PR 175696): a file compiled once is not
+    compiled again, in this clone or another, until it or its flags change. For hits across
+    clones, paths under the repository are taken relative to it (CCACHE_BASEDIR; the venv lives
+    there too) and the working directory is not hashed (CCACHE_NOHASHDIR). Not required:
+    without it every clean build compiles everything (apt install ccache, brew install ccache,
+    conda install ccache).
+    """
+    if shutil.which("ccache"):
+        os.environ.setdefault("CCACHE_BASEDIR", str(REPO))
+        os.environ.setdefault("CCACHE_NOHASHDIR", "1")
+        return "ccache (torch puts it before the compiler)"
+    if shutil.which("sccache"):
+        return "sccache (torch puts it before the compiler)"
+    return "none (`apt install ccache` makes a second clean build of the same files fast)"
 
 
 def prepare() -> None:
@@ -492,7 +513,8 @@ def build_side_by_side(targets: list[Stage], *, force: bool = False,
     queue = sorted(to_build, key=_weight, reverse=True)
     jobs = str(max(1, 2 * slots // at_once))
     print(f"[build] {len(queue)} stages side by side, {at_once} at a time with MAX_JOBS={jobs} "
-          f"each: {', '.join(str(s.number) for s in queue)}", flush=True)
+          f"each: {', '.join(str(s.number) for s in queue)}; compiler cache: "
+          f"{compiler_cache()}", flush=True)
     start = time.perf_counter()
     running: dict[subprocess.Popen, Stage] = {}
     status = 0
