@@ -162,13 +162,17 @@ for (block, grid_y, shared), detail in refused.items():
         iota(x, block, grid_y, shared)
     assert torch.equal(iota(x, 128, 1, 0).cpu(), torch.arange(1000.0)), "the error was not reset"
 runs = {}
-for order in ("in-order", "shuffle"):
+for order in ("in-order", "shuffle", ""):  # "": unset, blocks shared out among CPU threads
     os.environ["WORKBOOK_EMULATE_ORDER"] = order
     runs[order] = torch.ops.emulate_test.order(x).cpu()
     assert torch.ops.emulate_test.total(x).item() == 999 * 1000 / 2
 assert torch.equal(runs["in-order"], torch.arange(1000)), "in order: block by block, each in order"
 assert torch.equal(runs["shuffle"].sort().values, torch.arange(1000))
 assert not torch.equal(runs["shuffle"], torch.arange(1000)), "shuffle ran in order"
+assert torch.equal(runs[""].sort().values, torch.arange(1000)), "shared out: each thread once"
+big = torch.empty(1 << 20, device=emulate.DEVICE)  # 8192 blocks: runs of them on every CPU thread
+assert torch.equal(torch.ops.emulate_test.order(big).cpu().sort().values, torch.arange(1 << 20))
+assert torch.ops.emulate_test.total(big).item() == (1 << 20) * ((1 << 20) - 1) / 2, "atomics"
 print("limits ok")
 """
 

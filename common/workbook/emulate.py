@@ -257,8 +257,10 @@ def _flags() -> list[str]:
 
     # -O2: every thread of a launch is a call of the kernel body. The initial-exec TLS model
     # makes blockIdx and threadIdx (thread_local) plain loads instead of a call each access.
+    # OpenMP: a launch shares its blocks out with at::parallel_for (emulated_cuda.h).
     return [*build.cxx_flags(), "-O2", "-ftls-model=initial-exec", "-DWORKBOOK_EMULATE_CUDA",
-            "-Wno-unknown-pragmas"] + (["-O1", "-g1"] if build.sanitizer_flags() else [])
+            "-Wno-unknown-pragmas", *build.openmp_flags()] + (
+                ["-O1", "-g1"] if build.sanitizer_flags() else [])
 
 
 def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool):
@@ -271,7 +273,8 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     return cpp_extension.load(
         name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
         extra_include_paths=[str(EMULATE_INCLUDE), *build.include_dirs()],
-        extra_cflags=_flags(), is_python_module=python_module, verbose=False)
+        extra_cflags=_flags(), extra_ldflags=build.openmp_flags(),
+        is_python_module=python_module, verbose=False)
 
 
 _device_ready = False

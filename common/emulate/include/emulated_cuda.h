@@ -16,9 +16,12 @@
 // past 65535, x past 2^31 - 1, a zero dimension, dynamic shared memory past the H200's 227 KB),
 // with CUDA's error, reported by the next cudaGetLastError() as on a GPU; otherwise every block
 // of the grid and every thread of each block runs the kernel body once, with its own blockIdx,
-// threadIdx, blockDim and gridDim. Blocks and threads run in order by default; with
-// WORKBOOK_EMULATE_ORDER=shuffle they run in an order shuffled from WORKBOOK_EMULATE_SEED (a
-// kernel whose result depends on who runs first then shows it).
+// threadIdx, blockDim and gridDim. By default the blocks are shared out among torch's intra-op
+// threads (at::parallel_for), as a GPU runs blocks at the same time: each CPU thread takes a run
+// of consecutive blocks and runs them, and their threads, in order. With
+// WORKBOOK_EMULATE_ORDER=in-order one CPU thread runs every block in order (the same order on
+// every run); with WORKBOOK_EMULATE_ORDER=shuffle, one CPU thread in an order shuffled from
+// WORKBOOK_EMULATE_SEED (a kernel whose result depends on who runs first then shows it).
 //
 // What it cannot emulate, and so refuses when the source pass sees it (naming the construct):
 // __syncthreads and __shared__ memory, warp shuffles and votes, cooperative groups. A kernel
@@ -28,6 +31,7 @@
 // model or real concurrency.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -328,12 +332,14 @@ inline bool launch_is_valid(dim3 grid, dim3 block, std::size_t shared_memory) {
 }
 
 // The order blocks and threads run in: WORKBOOK_EMULATE_ORDER=shuffle (seeded by
-// WORKBOOK_EMULATE_SEED, 0 by default; each launch draws a new order) or in order.
+// WORKBOOK_EMULATE_SEED, 0 by default; each launch draws a new order), in-order (one CPU
+// thread), or, unset, runs of blocks on torch's intra-op threads.
 class RunOrder {
  public:
   RunOrder() {
     const char* order = std::getenv("WORKBOOK_EMULATE_ORDER");
     shuffled_ = order != nullptr && std::string(order) == "shuffle";
+    parallel_ = order == nullptr || *order == '\0';
     if (shuffled_) {
       const char* seed = std::getenv("WORKBOOK_EMULATE_SEED");
       static std::atomic<uint64_t> launches{0};
@@ -348,9 +354,11 @@ class RunOrder {
     return items;
   }
   bool shuffled() const { return shuffled_; }
+  bool parallel() const { return parallel_; }
 
  private:
   bool shuffled_ = false;
+  bool parallel_ = false;
   std::mt19937_64 rng_;
 };
 
@@ -374,23 +382,35 @@ class Launch {
     if (!valid_) return;  // the error waits for cudaGetLastError()
     const uint64_t blocks = uint64_t{grid_.x} * grid_.y * grid_.z;
     const uint64_t threads = uint64_t{block_.x} * block_.y * block_.z;
-    gridDim = grid_;
-    blockDim = block_;
     RunOrder order;
     if (!order.shuffled()) {
-      for (unsigned int bz = 0; bz < grid_.z; ++bz)
-        for (unsigned int by = 0; by < grid_.y; ++by)
-          for (unsigned int bx = 0; bx < grid_.x; ++bx) {
-            blockIdx = {bx, by, bz};
-            for (unsigned int tz = 0; tz < block_.z; ++tz)
-              for (unsigned int ty = 0; ty < block_.y; ++ty)
-                for (unsigned int tx = 0; tx < block_.x; ++tx) {
-                  threadIdx = {tx, ty, tz};
-                  kernel_(args...);
-                }
-          }
+      // Blocks [begin, end) in order, on the calling CPU thread, whose gridDim and blockDim
+      // (thread_local, like the indices) are set first.
+      auto run_blocks = [&](int64_t begin, int64_t end) {
+        gridDim = grid_;
+        blockDim = block_;
+        for (int64_t b = begin; b < end; ++b) {
+          blockIdx = unflatten(static_cast<uint64_t>(b), grid_);
+          for (unsigned int tz = 0; tz < block_.z; ++tz)
+            for (unsigned int ty = 0; ty < block_.y; ++ty)
+              for (unsigned int tx = 0; tx < block_.x; ++tx) {
+                threadIdx = {tx, ty, tz};
+                kernel_(args...);
+              }
+        }
+      };
+      const auto count = static_cast<int64_t>(blocks);
+      if (order.parallel()) {
+        // A run of blocks worth some 16k kernel-body calls: smaller grids stay on one thread.
+        const auto grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / threads));
+        at::parallel_for(0, count, grain, run_blocks);
+      } else {
+        run_blocks(0, count);
+      }
       return;
     }
+    gridDim = grid_;
+    blockDim = block_;
     for (uint64_t b : order.of(blocks)) {
       blockIdx = unflatten(b, grid_);
       for (uint64_t t : order.of(threads)) {
