@@ -14,6 +14,8 @@ targets, in an `OpBench`; this file does the rest, the same way for every op and
      reported and never timed;
   3. time: torch.utils.benchmark medians per phase, in rounds interleaved over the implementations
      and thread counts, each keeping its lowest round's median, with IQR / median as the noise;
+     other processes' CPU use is watched meanwhile (workbook.timing.LoadMonitor), and the verdict
+     (busy, noisy, or quiet: timing.Verdict) heads the report;
   4. compare: ratios against the baselines; reference lines (the GEMMs alone, a dense convolution
      of the same shape) are timed in the same rounds, never validated;
   5. memory: peak memory growth of one forward + backward, each in a fresh process (where asked);
@@ -30,6 +32,7 @@ import dataclasses
 import datetime
 import gc
 import importlib
+import itertools
 import json
 import math
 import os
@@ -212,16 +215,6 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [""])[0]
 
 
-@contextlib.contextmanager
-def intra_op_threads(count: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------------------------
 # Implementations from the stages
 
@@ -388,7 +381,7 @@ def time_call(run: Callable[[], object], *, min_run_time: float, threads: int,
               min_blocks: int) -> timing.Timing:
     """timing.measure with `threads` intra-op threads, over at least `min_blocks` calls."""
     if min_blocks > 1:
-        with intra_op_threads(threads):
+        with timing.intra_op_threads(threads):
             start = time.perf_counter()
             run()  # also the warm-up
             one_call = time.perf_counter() - start
@@ -571,6 +564,11 @@ def _memory_by(report: dict) -> dict[tuple[str, str], dict]:
     return {(m["config"], m["impl"]): m for m in report.get("memory", {}).get("results", [])}
 
 
+def _noise(t: dict) -> float:
+    """A timing's noise, IQR / median (a Timing's, as the report's JSON holds it)."""
+    return timing.relative_iqr(t["iqr_us"], t["median_us"])
+
+
 def _time_value(t: Target, report: dict) -> tuple[float | None, float | None, str]:
     rows, top = _rows_by(report), max(report["plan_threads"])
     impl, base = rows.get((t.config, t.impl, top)), rows.get((t.config, t.base, top))
@@ -580,7 +578,7 @@ def _time_value(t: Target, report: dict) -> tuple[float | None, float | None, st
     phases = report["phases"] if t.phase == "step" else [t.phase]
     t_impl = sum(impl[p]["median_us"] for p in phases)
     t_base = sum(base[p]["median_us"] for p in phases)
-    noise = max(r[p]["iqr_us"] / r[p]["median_us"] for r in (impl, base) for p in phases)
+    noise = max(_noise(r[p]) for r in (impl, base) for p in phases)
     return (t_base / t_impl if t.kind == "speedup" else t_impl / t_base), noise, ""
 
 
@@ -591,7 +589,7 @@ def _threads_value(t: Target, report: dict) -> tuple[float | None, float | None,
     few, many = (rows.get((t.config, t.impl, n)) for n in (min(counts), max(counts)))
     if few is None or many is None:
         return None, None, f"{t.impl} was not measured at {t.config}"
-    noise = max(r[t.phase]["iqr_us"] / r[t.phase]["median_us"] for r in (few, many))
+    noise = max(_noise(r[t.phase]) for r in (few, many))
     t_few, t_many = few[t.phase]["median_us"], many[t.phase]["median_us"]
     return t_few / t_many, noise, (f"{t.impl} {PHASE_TITLE[t.phase].lower()}: {t_few:.1f} us on "
                                    f"{min(counts)} thread(s), {t_many:.1f} us on {max(counts)} "
@@ -685,6 +683,7 @@ class DeviceRun:
         self.dtype = getattr(torch, plan.dtype)
         self.start = time.perf_counter()
         self.report = new_report(bench, device, plan, impls, skipped, smoke)
+        self.load: timing.Load | None = None  # other processes' CPU use while timing, so far
 
     @property
     def top_threads(self) -> int:
@@ -760,12 +759,13 @@ class DeviceRun:
 
     def time(self, config: Config, sample: opspec.Sample, grad_outputs, timed: list[Impl],
              checks: dict) -> dict[tuple[str, int], dict]:
-        """Rounds over thread counts and implementations; each keeps its lowest round's median."""
+        """Rounds over thread counts and implementations; each keeps its lowest round's median.
+        Other processes' CPU use is watched meanwhile and added to the run's (self.load)."""
         rows = {(impl.key, n): new_row(impl, config, n, checks[impl.key], self.bench.phases)
                 for n in self.plan.thread_counts() for impl in timed}
-        for _ in range(self.plan.rounds):
-            for n in self.plan.thread_counts():
-                for impl in timed:
+        with timing.LoadMonitor() as watch:
+            for _ in range(self.plan.rounds):
+                for n, impl in itertools.product(self.plan.thread_counts(), timed):
                     runners = runners_for(impl, config, self.device, sample, grad_outputs,
                                           self.bench.phases)
                     row = rows[(impl.key, n)]
@@ -776,6 +776,7 @@ class DeviceRun:
                         if phase not in row or t.median_us < row[phase]["median_us"]:
                             row[phase] = t.as_dict()
                     del runners  # a recorded graph holds its buffers
+        self.load = watch.load if self.load is None else self.load + watch.load
         return rows
 
     def reuse(self, first: str, config: Config) -> None:
@@ -819,7 +820,7 @@ class DeviceRun:
             sample = self.bench.sample(config, self.device, self.dtype)
             grads = incoming_gradients(self.bench.spec, sample)
             sides = {}
-            with intra_op_threads(self.top_threads):
+            with timing.intra_op_threads(self.top_threads):
                 for key in (target["impl"], target["base"]):
                     by_key[key].prepare(config)
                     runners = runners_for(by_key[key], config, self.device, sample, grads, phases)
@@ -837,7 +838,19 @@ class DeviceRun:
                 "profiled_total_us": sum(r["us_per_call"] for r in rows if r["kind"] == kind),
                 "top": [dict(r, name=short_name(r["name"])) for r in rows[:8]]}
 
+    def verdict(self) -> timing.Verdict | None:
+        """The verdict on every timing so far: other processes' load while timing (the timing
+        rounds only: not validation, compiling or memory probes), each timing's noise."""
+        if self.load is None:
+            return None
+        return timing.Verdict.judge(self.load, {
+            f"{r['label']} {PHASE_SHORT[p]} ({r['config']}, {r['threads']} thr)": _noise(r[p])
+            for r in self.report["results"] for p in self.bench.phases if p in r})
+
     def write(self, png: bool) -> dict[str, Path]:
+        verdict = self.verdict()
+        if verdict is not None:
+            self.report["verdict"] = verdict.as_dict()
         self.report["load_after"] = load_average()
         self.report["wall_s"] = time.perf_counter() - self.start
         return write_report(self.out_dir, self.report, self.bench, png=png)
@@ -918,11 +931,12 @@ def load_average() -> str:
 
 
 def warn_if_busy(log=print) -> None:
-    """Two OpenMP threads on two busy cores wait on each other for milliseconds per op."""
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if busy > 0.5 * (os.cpu_count() or 1):
-        log(f"[bench] WARNING: load average {busy:.1f} on {os.cpu_count()} cores: other work is "
-            f"running, timings will be noisy (see bench/README.md)")
+    """Two OpenMP threads on two busy cores wait on each other for milliseconds per op: a short
+    look at other processes' load before the run (the run watches it while timing, too)."""
+    load = timing.probe()
+    if load.busy_machine:
+        log(f"[bench] WARNING: in a {load.seconds:.1f} s look, {load.describe()}: the timings "
+            f"will be unreliable, and the report will say so (see bench/README.md)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -978,12 +992,16 @@ def _header(report: dict) -> list[str]:
     lines = [f"# {report['title']}: {m['description']}", ""]
     if report["smoke"]:
         lines += ["**Smoke run: tiny sizes and few iterations; the numbers mean nothing.**", ""]
+    verdict = report.get("verdict")
+    if verdict and not verdict["reliable"]:
+        lines += [f"**{_sentence(timing.Verdict.from_dict(verdict).summary())}.**", ""]
     lines += [
         f"- machine: `{m['slug']}`; {m['cpu']}, {m['cores']} cores; torch {m['torch']}; {threads}"
         + (f"; {m['gpu']} (CUDA {m['cuda']})" if m["device"] == "cuda" else ""),
         (f"- run: {report['date']}, commit {report['commit']}, load average "
          f"{report['load_before']} before, {report['load_after']} after, "
          f"{report['wall_s']:.0f} s"),
+        _load_line(verdict),
         f"- {report['dtype'].removeprefix('torch.')}; "
         + ", ".join(PHASE_METHOD[p] for p in report["phases"])
         + f"; medians of torch.utils.benchmark blocks over at least {plan['min_run_time']} s, in "
@@ -999,6 +1017,18 @@ def _header(report: dict) -> list[str]:
         lines.append(f"- {report['implementations'].get(key, key)}: {note}; first call per "
                      f"configuration: " + ", ".join(f"{k} {v} s" for k, v in calls.items()))
     return lines + [""]
+
+
+def _load_line(verdict: dict | None) -> str:
+    """While timing: the verdict (its reasons; the bold line above says what an unreliable one
+    means), or "not measured" for reports from before the harness watched the load."""
+    if verdict is None:
+        return ("- other processes' CPU use while timing: not measured (the load averages above "
+                "are all this report has)")
+    v = timing.Verdict.from_dict(verdict)
+    return (f"- while timing: {v.load.describe()} (busy from {verdict['limits']['busy_cores']} "
+            f"core); {len(v.noisy)} of {v.timings} timings noisier than "
+            f"{verdict['limits']['noise']:.0%} (IQR / median)")
 
 
 def _config_tables(report: dict, bench: OpBench) -> list[str]:
@@ -1256,6 +1286,8 @@ def run_op(bench: OpBench, devices: Sequence[str], loaded: Mapping[int, Any], *,
             value, threshold = _target_cells(t)
             log(f"  {t['status']:<13} {t['name']} ({t['config']}): {value} (threshold "
                 f"{threshold})" + (f": {t['why']}" if t["status"] == "not evaluated" else ""))
+        if "verdict" in report:
+            log(f"[bench] {bench.op} on {device}: {report['verdict']['summary']}")
         slug = report["machine"]["slug"]
         log(f"[bench] wrote {out_root / bench.op}/{slug}.{{json,md,png}}")
         if report["refused"]:

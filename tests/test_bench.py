@@ -1,8 +1,9 @@
 """The benchmark keeps working: a smoke run of every op module writes its JSON, Markdown and PNG
 and times every implementation it found, validated; the validator refuses a wrong
 implementation, which is then reported and never timed; a run cut short leaves what it measured;
-`--render` of the committed LLTM report gives the committed Markdown. (Speed targets are reported
-by the benchmark, never asserted here.)"""
+the report says whether the machine was busy while timing (or, for older reports, that it was not
+measured); `--render` of the committed LLTM report gives the committed Markdown. (Speed targets
+are reported by the benchmark, never asserted here.)"""
 
 import dataclasses
 import importlib
@@ -228,6 +229,22 @@ def test_a_run_cut_short_leaves_what_it_measured():
     written = json.loads((run.out_dir / "cpu-1threads.json").read_text())
     assert {(r["impl"], r["config"]) for r in written["results"]} == {("eager", "tutorial")}
     assert math.isfinite(written["results"][0]["forward"]["median_us"])
+
+
+def test_the_report_says_whether_the_machine_was_busy():
+    from workbook import timing
+
+    run = tiny_lltm([])
+    report = run.run()
+    verdict = timing.Verdict.from_dict(report["verdict"])  # the load while timing, every timing
+    assert verdict.timings == 2 * 2 and verdict.load.seconds > 0
+    assert "- while timing: " in (run.out_dir / "cpu-1threads.md").read_text()
+    busy = timing.Verdict.judge(timing.Load(1.0, 2, busy=1.5, own=0.2), {"eager fwd": 0.01})
+    text = harness.markdown(dict(report, verdict=busy.as_dict()), run.bench, "x.png")
+    assert "**The machine is BUSY: other processes used 1.3 of our 2 cores" in text
+    assert "the timings are UNRELIABLE, not results.**" in text
+    del report["verdict"]  # a report from before the harness watched the load
+    assert "while timing: not measured" in harness.markdown(report, run.bench, "x.png")
 
 
 def test_render_of_the_committed_lltm_report_gives_its_markdown():
