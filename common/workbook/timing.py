@@ -284,11 +284,11 @@ class Load:
 
     @property
     def others(self) -> float | None:
-        """Other processes' use: busy less our own (never below 0: the two are counted apart, in
-        ticks of 10 ms, and may disagree by a tick)."""
+        """Other processes' use: busy less our own, kept within 0 and the cores (the two are
+        counted apart, in ticks of 10 ms, and may disagree by a tick)."""
         if self.busy is None or self.own is None:
             return None
-        return max(0.0, self.busy - self.own)
+        return min(float(self.cores), max(0.0, self.busy - self.own))
 
     @property
     def busy_machine(self) -> bool:
