@@ -45,7 +45,7 @@ STAGE := $(word 2,$(MAKECMDGOALS))
 help:
 	@echo "PyTorch C++/CUDA extension workbook"
 	@echo
-	@echo "  make demo        build the stages this machine can build, check them, time them"
+	@echo "  make demo        build what this machine runs (CPU-only without a GPU), check each op, time it"
 	@echo "  make test        build everything and run the whole test suite"
 	@echo "  make test-template   new-stage and a copied stage, built and tested in a copy of the repo"
 	@echo "  make stage N     build stage N and run its tests, e.g. make stage 3"

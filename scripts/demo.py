@@ -1,10 +1,15 @@
-"""make demo: build what this machine can build, check each op against its reference, time it.
+"""make demo: build what this machine runs, check each op against its reference, time it.
 
-For every op that a stage implements (the stages' stage.toml files say which), at the op's demo
-sizes (its descriptor's demo_case, float32): build and import each stage that provides it, check
-its outputs and input gradients against the float64 reference, then print one line per
-implementation, `Forward: X us | Backward: Y us`, next to the op's baselines (plain PyTorch; for
-the deformable convolution torchvision too), with the speedup over the first baseline.
+The stages to run come first (`plan`): one per package, the newest; without a GPU, no CUDA-only
+stage, and the others built CPU-only, so that nvcc never runs for kernels that could not run
+here. They are built side by side (workbook.build.build_side_by_side). Then, for every op that a
+stage implements (the stages' stage.toml files say which), at the op's demo sizes (its
+descriptor's demo_case, float32): each stage's op is checked against the float64 reference,
+outputs and input gradients, and timed beside the op's baselines (plain PyTorch; for the
+deformable convolution torchvision too), in interleaved rounds: one line per implementation,
+`Forward: X us +-n% | Backward: Y us +-n%`, the median over the rounds with its IQR / median,
+and its speedup over the first line with that ratio's noise. A busy machine (other processes on
+the cores the demo times on) or a noisy ratio is said so, and the ratios marked UNRELIABLE.
 """
 
 from __future__ import annotations
@@ -174,9 +179,10 @@ def main() -> int:
         else:
             modules[s.number] = module
     devices = ["cpu"] + (["cuda"] if gpu else [])
+    threads = pick_threads()
     ok = True
     for name in dict.fromkeys(op for s in stages.all_stages() for op in s.ops):
-        ok &= demo_op(name, modules, devices)
+        ok &= demo_op(name, modules, devices, threads)
     for number, reason in sorted(not_run.items()):
         print(f"\n[demo] {stages.get(number).label} not run here: {reason}")
     if not gpu:

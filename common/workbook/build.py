@@ -22,6 +22,7 @@ builds stage 1 by hand; ``python -m workbook.build all`` builds every stage.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -490,8 +491,38 @@ def _weight(s: Stage) -> int:
     return sum(3 if p.suffix == ".cu" else 1 for p in units if with_cuda or p.suffix != ".cu")
 
 
+@dataclasses.dataclass
+class _Task:
+    """One build of build_side_by_side: a command, run in a process of its own."""
+
+    label: str
+    command: list[str]
+    weight: int
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _tasks(targets: list[Stage], *, force: bool, require_cuda: bool,
+           emulated: bool) -> list[_Task]:
+    tasks = []
+    for s in targets:
+        if not force and s.kind != "jit" and is_up_to_date(s):
+            print(f"[build] {s.label} is up to date in {s.lib_dir}")
+            continue
+        command = [sys.executable, "-m", "workbook.build", str(s.source_dir)]
+        command += ["--force"] * force + ["--require-cuda"] * require_cuda
+        tasks.append(_Task(s.label, command, _weight(s),
+                           {"WORKBOOK_NO_CUDA": "1"} if s.cpu_only else {}))
+    for s in targets if emulated else []:
+        if s.cuda:  # its .cu files for the emulated device (host code), as its tests will load
+            units = [p for folder in s.source_dirs for p in folder.rglob("*.cu")]
+            tasks.append(_Task(f"{s.label}, emulated", [sys.executable, "-m", "workbook.emulate",
+                                                         "build", str(s.source_dir)],
+                               2 * len(units)))
+    return tasks
+
+
 def build_side_by_side(targets: list[Stage], *, force: bool = False,
-                       require_cuda: bool = False) -> int:
+                       require_cuda: bool = False, emulated: bool = False) -> int:
     """Build several stages at the same time, each in a process of its own; the exit status.
 
     A stage is a chain of compiles, and one that has a single file (stage 01) keeps one core
@@ -499,43 +530,36 @@ def build_side_by_side(targets: list[Stage], *, force: bool = False,
     MAX_JOBS allows, each with twice its share of MAX_JOBS. At most twice MAX_JOBS compilers run
     at once, and the stage still compiling when the others are done is not left with one job.
     The longest builds start first. Each stage writes its compiler output to its own build.log,
-    and its lines of progress here.
+    and its lines of progress here. `emulated`: the CUDA stages' kernels for the emulated CUDA
+    device too (workbook.emulate), which their tests would otherwise compile one after the
+    other when they first need them.
     """
-    to_build = [s for s in targets if force or s.kind == "jit" or not is_up_to_date(s)]
-    for s in targets:
-        if s not in to_build:
-            print(f"[build] {s.label} is up to date in {s.lib_dir}")
+    tasks = _tasks(targets, force=force, require_cuda=require_cuda, emulated=emulated)
     slots = int(max_jobs())
-    at_once = max(1, min(slots, len(to_build)))
-    if at_once == 1:
-        return max([_build_one(s, force=force, require_cuda=require_cuda) for s in to_build],
-                   default=0)
-    queue = sorted(to_build, key=_weight, reverse=True)
-    jobs = str(max(1, 2 * slots // at_once))
-    print(f"[build] {len(queue)} stages side by side, {at_once} at a time with MAX_JOBS={jobs} "
-          f"each: {', '.join(str(s.number) for s in queue)}; compiler cache: "
-          f"{compiler_cache()}", flush=True)
+    at_once = max(1, min(slots, len(tasks)))
+    jobs = str(max(1, min(slots, 2 * slots // at_once)))
+    queue = sorted(tasks, key=lambda task: task.weight, reverse=True)
+    if len(queue) > 1:
+        print(f"[build] {len(queue)} builds side by side, {at_once} at a time with MAX_JOBS="
+              f"{jobs} each, the longest first; compiler cache: {compiler_cache()}", flush=True)
     start = time.perf_counter()
-    running: dict[subprocess.Popen, Stage] = {}
-    status = 0
+    running: dict[subprocess.Popen, _Task] = {}
+    failed = []
     while queue or running:
         while queue and len(running) < at_once:
-            s = queue.pop(0)
-            env = dict(os.environ, MAX_JOBS=jobs)
-            if s.cpu_only:
-                env["WORKBOOK_NO_CUDA"] = "1"
-            cmd = [sys.executable, "-m", "workbook.build", str(s.source_dir)]
-            cmd += ["--force"] * force + ["--require-cuda"] * require_cuda
-            running[subprocess.Popen(cmd, env=env)] = s
+            task = queue.pop(0)
+            env = dict(os.environ, MAX_JOBS=jobs, **task.env)
+            running[subprocess.Popen(task.command, env=env)] = task
         time.sleep(0.2)
         for proc in [p for p in running if p.poll() is not None]:
-            status = max(status, proc.returncode)
             if proc.returncode:
+                failed.append(running[proc].label)
                 print(f"[build] {running[proc].label}: FAILED (see above)", flush=True)
             del running[proc]
-    print(f"[build] {len(to_build)} stages done in {time.perf_counter() - start:.1f} s"
-          + ("" if status == 0 else ": some FAILED, see above"), flush=True)
-    return status
+    if len(tasks) > 1:
+        print(f"[build] {len(tasks)} builds done in {time.perf_counter() - start:.1f} s"
+              + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -555,7 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
         return 1
     if len(targets) > 1:
-        return build_side_by_side(targets, force=args.force, require_cuda=args.require_cuda)
+        from . import emulate
+
+        # `make test` builds all: where the CUDA tests will run on the emulated device, its
+        # kernels are built here too, side by side with the rest.
+        return build_side_by_side(targets, force=args.force, require_cuda=args.require_cuda,
+                                  emulated=args.stage == "all" and emulate.active())
     return _build_one(targets[0], force=args.force, require_cuda=args.require_cuda)
 
 

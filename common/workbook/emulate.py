@@ -440,7 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import stages
 
     s = stages.get(args.stage)
-    print(f"[emulate] {s.label}: {plan(s)}")
+    p = plan(s)
+    how = "whole, as a copy of its package" if p.whole else "as an add-on to its package"
+    print(f"[emulate] {s.label}: {', '.join(src.name for src in p.sources)}, built {how}",
+          flush=True)
     load_stage(s)
     return 0
 
