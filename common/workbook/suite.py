@@ -30,7 +30,8 @@ from pathlib import Path
 from . import stages
 
 REPO = stages.REPO
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-rs"]
+# Each part ends with its slowest tests (5 s and more, at most 8): where the suite's time goes.
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=8", "--durations-min=5"]
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*) in [\d.]+s")
 EMULATED = re.compile(r"^\[emulated\] (\d+) CUDA tests ran on the emulated CUDA device")
 
