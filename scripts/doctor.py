@@ -144,6 +144,20 @@ def check_ninja() -> None:
     report("OK", "ninja", f"{version} ({where})")
 
 
+def check_compiler_cache() -> None:
+    """ccache or sccache on PATH: torch's builder puts it before g++ and nvcc (optional)."""
+    for name in ("ccache", "sccache"):
+        found = shutil.which(name)
+        if found:
+            out = run([found, "--version"])
+            version = out.stdout.splitlines()[0].strip() if out and out.stdout else "?"
+            report("OK", "cache", f"{version} ({short(found)}): a file compiled once is not "
+                   f"compiled again, in any clone, until it or its flags change")
+            return
+    report("OK", "cache", "no compiler cache (optional): every clean build compiles every file",
+           "apt install ccache (or brew/conda install ccache) for fast rebuilds")
+
+
 def check_nvcc(torch) -> None:
     wanted = torch.version.cuda
     nvcc = shutil.which("nvcc")
@@ -376,6 +390,7 @@ def main() -> int:
         check_abi(torch)
     check_compiler(torch)
     check_ninja()
+    check_compiler_cache()
     if torch is not None:
         gpus = visible_gpus(torch)
         check_nvcc(torch)
