@@ -11,9 +11,13 @@
 // The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes,
 // TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices and layout.
 // Every check is cheap (metadata only): call them at the top of an op, before dispatching a kernel.
+//
+// Only metadata is read, so at::Tensor (ATen/core/Tensor.h) is all this header includes, not
+// <ATen/ATen.h> (every op: twice as long to parse): a file that keeps to per-operator headers, as
+// stage 01's z2xy.cpp does, stays quick to compile with the checks in it.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>

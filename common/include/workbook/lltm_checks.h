@@ -10,7 +10,7 @@
 //   ValueError: lltm: `old_h` must have size 2 in dimension 0 (batch size of `input`), got ...
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
