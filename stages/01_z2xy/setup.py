@@ -16,7 +16,7 @@ setup(
     ext_modules=[
         CppExtension(
             "z2xy._C",
-            ["csrc/z2xy.cpp"],
+            ["csrc/z2xy.cpp", "csrc/bindings.cpp"],
             include_dirs=build.include_dirs(),
             extra_compile_args=build.cxx_flags(),
         )

@@ -1,16 +1,34 @@
 // Stage 01: z = 2x + y, the smallest complete PyTorch C++ extension.
 //
 // Build and test:  make stage 1
-// What it shows:   an ATen forward and backward, the input checks every op starts with, and a
-//                  pybind11 module; the autograd.Function that ties them together lives in
-//                  z2xy/__init__.py.
+// What it shows:   an ATen forward and backward and the input checks every op starts with (this
+//                  file); the pybind11 module that exposes them (bindings.cpp, through z2xy.h);
+//                  the autograd.Function that ties them together (z2xy/__init__.py).
 //
-// Sections: checks, forward, backward, bindings.
-#include <torch/extension.h>
+// Sections: includes, checks, forward, backward.
+//
+// Includes: only what this file uses, so that an edit here recompiles in seconds. at::Tensor and
+// its methods come with ATen/core/Tensor.h, operators such as `grad_z * 2` with
+// ATen/TensorOperators.h, and each free function with a header of its own, ATen/ops/<name>.h
+// (at::add: ATen/ops/add.h). Calling another one, include its header. Not here: <ATen/ATen.h>,
+// every op at once (twice as long to parse), and <torch/extension.h>, pybind11 and all of libtorch
+// (four times as long), which bindings.cpp includes for this file.
+//
+// The two defines are the ones PyTorch compiles its own sources with. TORCH_ASSERT_ONLY_METHOD_
+// OPERATORS says that this file uses Tensor methods and per-operator headers only, and
+// AT_PER_OPERATOR_HEADERS makes torch's headers hold it to that: TensorOperators.h then includes
+// the one op it needs instead of all of them, and <ATen/ATen.h> or <torch/extension.h> included
+// here stops the build with an #error that says so.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#define AT_PER_OPERATOR_HEADERS
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 
 #include <vector>
 
 #include "workbook/checks.h"
+#include "z2xy.h"
 
 namespace {
 
@@ -32,6 +50,8 @@ void check_inputs(const at::Tensor& x, const at::Tensor& y) {
   workbook::check_same_shape(y, y_arg, x, x_arg);
 }
 
+}  // namespace
+
 // z = 2x + y. at::add(y, x, alpha) computes y + alpha * x in one pass.
 at::Tensor z2xy_forward(const at::Tensor& x, const at::Tensor& y) {
   check_inputs(x, y);
@@ -44,13 +64,4 @@ std::vector<at::Tensor> z2xy_backward(const at::Tensor& grad_z) {
   // EXERCISE z2xy-backward: return the gradients {grad_x, grad_y} = {2 grad_z, grad_z}
   return {grad_z * 2, grad_z};
   // END EXERCISE z2xy-backward
-}
-
-}  // namespace
-
-// TORCH_EXTENSION_NAME is defined by the build: `_C` from setup.py (the extension z2xy._C).
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "z = 2x + y: forward and backward in ATen C++";
-  m.def("forward", &z2xy_forward, "z = 2x + y", py::arg("x"), py::arg("y"));
-  m.def("backward", &z2xy_backward, "gradients of z = 2x + y: [grad_x, grad_y]", py::arg("grad_z"));
 }
