@@ -16,7 +16,7 @@ setup(
     ext_modules=[
         CppExtension(
             "lltm_cpp._C",
-            ["csrc/lltm.cpp"],
+            ["csrc/lltm.cpp", "csrc/bindings.cpp"],
             include_dirs=build.include_dirs(),
             extra_compile_args=build.cxx_flags(),
         )

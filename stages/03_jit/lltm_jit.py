@@ -1,13 +1,13 @@
 """Stage 03: the LLTM extension of stage 02, built just in time with cpp_extension.load.
 
 No setup.py and no separate build step: the first `import lltm_jit` compiles
-stages/02_lltm_cpp/csrc/lltm.cpp with ninja into build/jit/lltm_jit/ and loads the result.
-Later imports (in this process or the next) find the build up to date and only load it; editing
-the source makes the next load rebuild it.
+stages/02_lltm_cpp/csrc/lltm.cpp and bindings.cpp with ninja into build/jit/lltm_jit/ and loads
+the result. Later imports (in this process or the next) find the build up to date and only load
+it; editing a source makes the next load recompile that file and relink.
 
     WORKBOOK_VERBOSE_BUILD=1 python -c "import lltm_jit"    # watch the compiler lines
 
-The C++ is stage 02's, unchanged: one source, two ways to build it.
+The C++ is stage 02's, unchanged: the same sources, two ways to build them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from torch.utils.cpp_extension import load  # noqa: E402
 
 from workbook.lltm import bind  # noqa: E402
 
-# Stage 02's C++, next door in stages/.
-SOURCES = [Path(__file__).resolve().parents[1] / "02_lltm_cpp" / "csrc" / "lltm.cpp"]
+# Stage 02's C++, next door in stages/: the op, and its pybind11 module.
+SOURCES = [Path(__file__).resolve().parents[1] / "02_lltm_cpp" / "csrc" / name
+           for name in ("lltm.cpp", "bindings.cpp")]
 
 
 def load_extension(name: str = "lltm_jit", sources=SOURCES, verbose: bool = False):

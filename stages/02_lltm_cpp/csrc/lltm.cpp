@@ -1,6 +1,6 @@
 // Stage 02: the LLTM cell in ATen C++ on the CPU, built ahead of time with setuptools.
 //
-// Build and test:  make stage 2            (stage 03 compiles this same file just in time)
+// Build and test:  make stage 2            (stage 03 compiles the same files just in time)
 // What it shows:   a real op written with ATen tensor calls: a GEMM, gate nonlinearities, and a
 //                  hand-written backward that returns the gradient of every input.
 //
@@ -15,13 +15,29 @@
 //
 // The input checks (dtype, device, ranks, and sizes that agree with each other) are shared by every
 // LLTM stage: common/include/workbook/lltm_checks.h. ATen handles any strides, so this stage takes
-// non-contiguous inputs as they are.
+// non-contiguous inputs as they are. The pybind11 module is bindings.cpp (declarations: lltm.h).
 //
-// Sections: derivatives, forward, backward, bindings.
-#include <torch/extension.h>
+// Sections: includes, derivatives, forward, backward.
+//
+// Includes: only what this file uses, as in stage 01's z2xy.cpp (which says why): Tensor methods
+// (z.exp(), gates.chunk(3, 1), d_gates.mm(weights)) and operators come with ATen/core/Tensor.h
+// and ATen/TensorOperators.h, each at:: function with its ATen/ops/<name>.h. Calling another one
+// (at::mul, say), include its header (ATen/ops/mul.h).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#define AT_PER_OPERATOR_HEADERS
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/elu.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/tanh.h>
+#include <ATen/ops/where.h>
 
 #include <vector>
 
+#include "lltm.h"
 #include "workbook/lltm_checks.h"
 
 namespace {
@@ -39,6 +55,8 @@ at::Tensor d_elu(const at::Tensor& z, double alpha = 1.0) {
   const auto e = z.exp();
   return at::where(z > 0, at::ones_like(z), alpha * e);
 }
+
+}  // namespace
 
 std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights,
                                      const at::Tensor& bias, const at::Tensor& old_h,
@@ -99,17 +117,4 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
 
   return {d_input, d_weights, d_bias, d_old_h, /*d_old_cell=*/d_new_cell};
   // END EXERCISE lltm-backward
-}
-
-}  // namespace
-
-// TORCH_EXTENSION_NAME is `_C` from setup.py (lltm_cpp._C) and `lltm_jit` in stage 03.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "LLTM cell: forward and backward in ATen C++ (CPU)";
-  m.def("forward", &lltm_forward, "LLTM forward: [new_h, new_cell, gates]", py::arg("input"),
-        py::arg("weights"), py::arg("bias"), py::arg("old_h"), py::arg("old_cell"));
-  m.def("backward", &lltm_backward,
-        "LLTM backward: [d_input, d_weights, d_bias, d_old_h, d_old_cell]", py::arg("grad_h"),
-        py::arg("grad_cell"), py::arg("new_cell"), py::arg("gates"), py::arg("input"),
-        py::arg("old_h"), py::arg("weights"));
 }
