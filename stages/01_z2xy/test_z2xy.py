@@ -5,6 +5,8 @@ common/workbook/testing.py, and the op's inputs, reference and bad inputs in
 common/workbook/ops/z2xy.py.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -15,8 +17,16 @@ STAGE = stages.here(__file__)
 DTYPES = (torch.float32, torch.float64)
 
 
+# Built and imported on first use, then kept: STAGE.load() looks over the build's sources each
+# time (about a millisecond), which gradcheck, calling the op thousands of times, would pay on
+# every call.
+@functools.cache
+def package():
+    return STAGE.load()
+
+
 def z2xy(*args, **kwargs):
-    return STAGE.load().z2xy(*args, **kwargs)
+    return package().z2xy(*args, **kwargs)
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], DTYPES))
@@ -59,4 +69,4 @@ def test_meta_tensors_are_refused():
 
 def test_module_matches_function():
     x, y = torch.randn(4, 5), torch.randn(4, 5)
-    torch.testing.assert_close(STAGE.load().Z2xy()(x, y), 2 * x + y)
+    torch.testing.assert_close(package().Z2xy()(x, y), 2 * x + y)

@@ -4,6 +4,8 @@ The sizes, the reference and the bad inputs are the LLTM descriptor's (common/wo
 shared by every LLTM stage; the checks are the shared test base's (common/workbook/testing.py).
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -15,8 +17,13 @@ STAGE = stages.here(__file__)
 DTYPES = (torch.float32, torch.float64)
 
 
+@functools.cache  # imported on first use, then kept: gradcheck calls the op thousands of times
+def package():
+    return STAGE.load()
+
+
 def lltm(*args, **kwargs):
-    return STAGE.load().lltm(*args, **kwargs)
+    return package().lltm(*args, **kwargs)
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], DTYPES))
@@ -63,9 +70,9 @@ def test_not_a_tensor_raises_type_error():
 
 
 def test_module_initialises_uniformly_and_runs():
-    lltm_op.check_module(STAGE.load().LLTM)
+    lltm_op.check_module(package().LLTM)
 
 
 def test_module_rejects_empty_sizes():
     with pytest.raises(ValueError, match="state_size must be >= 1"):
-        STAGE.load().LLTM(input_features=3, state_size=0)
+        package().LLTM(input_features=3, state_size=0)

@@ -18,6 +18,7 @@ SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
 
 
+@functools.cache  # imported on first use, then kept: gradcheck calls the op thousands of times
 def lltm_jit():
     return STAGE.load()
 
