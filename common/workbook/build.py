@@ -89,8 +89,15 @@ def abi_flag() -> str:
 
 def cxx_flags() -> list[str]:
     """Host compiler flags for every extension. The C++ standard is left to torch, which asks for
-    the one its headers need (C++17 up to torch 2.9, C++20 since)."""
-    return ["-O3", abi_flag()] + sanitizer_flags()
+    the one its headers need (C++17 up to torch 2.9, C++20 since).
+
+    -g0: setuptools compiles with Python's own CFLAGS, -g among them, and debug information for
+    the thousands of torch declarations a file includes is a third of its compile time (stage
+    01's bindings.cpp: 50 s with -g, 34 s without, on 2 cores here). ``WORKBOOK_DEBUG=1`` keeps
+    it, for gdb; `make sanitize` asks for line tables (-g1) of its own.
+    """
+    debug = os.environ.get("WORKBOOK_DEBUG", "").strip() not in ("", "0")
+    return ["-O3", abi_flag(), *([] if debug else ["-g0"])] + sanitizer_flags()
 
 
 def sanitizer_flags() -> list[str]:
