@@ -68,7 +68,7 @@ def test_the_tests_named_for_each_exercise_exist(s):
 @pytest.mark.parametrize("s", STAGES, ids=stage_ids)
 def test_exercise_files_leave_torch_extension_h_to_the_bindings(s):
     # `make check N` after an edit recompiles the edited file alone. torch/extension.h (pybind11
-    # and all of libtorch, most of a minute to compile on 2 cores) belongs in a file of its own
+    # and all of libtorch, over half a minute to compile on 2 cores) belongs in a file of its own
     # that the learner does not edit, as in stage 01 (csrc/bindings.cpp).
     for path in sorted({e.path for e in exercises.find(s) if e.comment == "//"}):
         assert "#include <torch/extension.h>" not in path.read_text(), (
