@@ -216,8 +216,7 @@ def interleaved(runs: Mapping[Hashable, Callable[[], object]], *, rounds: int = 
     """
     threads = torch.get_num_threads() if num_threads is None else num_threads
     timers = {key: _timer(fn, threads) for key, fn in runs.items()}
-    calls = {key: max(1, math.ceil(min_run_time / timer.timeit(1).median))
-             for key, timer in timers.items()}
+    calls = {key: _calls_to_fill(timer, min_run_time) for key, timer in timers.items()}
     found: dict[Hashable, list[float]] = {key: [] for key in runs}
     order = list(runs)
     for r in range(rounds):
@@ -225,6 +224,15 @@ def interleaved(runs: Mapping[Hashable, Callable[[], object]], *, rounds: int = 
         for key in order[shift:] + order[:shift]:
             found[key].append(timers[key].timeit(calls[key]).median * 1e6)
     return {key: Repeated(tuple(times), calls[key], threads) for key, times in found.items()}
+
+
+def _calls_to_fill(timer: benchmark.Timer, seconds: float) -> int:
+    """How many calls fill `seconds`, from a warm estimate: the first call (allocations, lazy
+    initialisation, cold caches) can be ten times a steady one, and a count taken from it alone
+    makes blocks of a few milliseconds, whose medians scatter by tens of percent."""
+    first = timer.timeit(1).median
+    warm = timer.timeit(max(1, math.ceil(0.2 * seconds / first))).median
+    return max(1, math.ceil(seconds / warm))
 
 
 def ratio(base: Repeated, impl: Repeated) -> tuple[float, float]:
