@@ -11,18 +11,28 @@ site `make book` built) to `make book-check`.
 
 Why a process per stage: a stage's package, and the op namespace a torch.library stage
 registers, load once per process. Stages 06 and 07 both build `extops`, and a stage copied under
-a new number builds its original's package again; each is tested in a process of its own. Each
-part's output streams as it runs; a summary table closes the run, and the exit status is 1 when
-any part failed (or collected no tests).
+a new number builds its original's package again; each is tested in a process of its own.
+
+Parts side by side: much of a test's time is single-threaded Python (gradcheck, opcheck, pytest
+itself) or a one-file compile, so `all` runs WORKBOOK_TEST_JOBS parts at a time (default: the
+cores, at most 3), the longest first by the last run's times (build/suite-times.json), each with
+an equal share of the cores as its torch threads (OMP_NUM_THREADS, unless set): never more
+threads than cores, which would make OpenMP's spinning threads wait on each other. A part marked
+`alone` (the notebooks, whose pictures time the ops) runs when no other does. Side by side, a
+part's output is printed whole when it ends, with a line on what is running every minute; one
+part at a time (WORKBOOK_TEST_JOBS=1, or a single stage), it streams. A summary table closes the
+run, and the exit status is 1 when any part failed (or collected no tests).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,29 +52,39 @@ class Part:
     paths: list[Path]
     options: list[str] = dataclasses.field(default_factory=list)
     exit_code: int = -1
+    alone: bool = False  # run when no other part runs (its tests time things)
     summary: str = ""
     seconds: float = 0.0
     emulated: int = 0  # how many of its tests ran on the emulated CUDA device (conftest.py)
+    output: list[str] = dataclasses.field(default_factory=list)  # when not streamed
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
 
+def _header(part: Part) -> str:
+    return f"\n[test] ===== {part.label}: pytest {' '.join(_short(p) for p in part.paths)}"
+
+
 def run_part(part: Part, extra: list[str], env: dict[str, str] | None = None,
-             on_line: Callable[[str], None] | None = None) -> Part:
-    """Run pytest on the part's paths, streaming its output; fill in the outcome. `env`: the
-    environment of the pytest process (workbook.sanitize's, say), this one's by default;
-    `on_line`: called with each line of output too (workbook.sanitize looks for reports)."""
-    print(f"\n[test] ===== {part.label}: pytest {' '.join(_short(p) for p in part.paths)}",
-          flush=True)
+             on_line: Callable[[str], None] | None = None, stream: bool = True) -> Part:
+    """Run pytest on the part's paths, streaming its output (or, `stream=False`, keeping it in
+    part.output); fill in the outcome. `env`: the environment of the pytest process
+    (workbook.sanitize's, say), this one's by default; `on_line`: called with each line of
+    output too (workbook.sanitize looks for reports)."""
+    if stream:
+        print(_header(part), flush=True)
     start = time.perf_counter()
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     with subprocess.Popen([*PYTEST, *map(str, part.paths), *part.options, *extra], cwd=REPO,
                           env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
-            print(line, end="", flush=True)
+            if stream:
+                print(line, end="", flush=True)
+            else:
+                part.output.append(line)
             if on_line is not None:
                 on_line(line)
             match = SUMMARY.match(line.strip())
@@ -84,15 +104,120 @@ def _short(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+# tests/ without the marked tests that have targets of their own (see the module docstring).
+TESTS_OPTIONS = ["-m", "not template and not exercises and not book"]
+NOTEBOOKS_TEST = REPO / "tests" / "test_notebooks.py"
+
+
 def parts_for(targets: list[str]) -> list[Part]:
-    """'all': every stage then tests/; else the stages named (numbers or folders)."""
+    """'all': every stage, tests/, and the notebooks (alone); else the stages named (numbers or
+    folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
-        extra = [Part("tests/ (tools, notebooks, benchmark)", [REPO / "tests"],
-                      ["-m", "not template and not exercises and not book"])]
+        extra = [Part("tests/ (tools, benchmark, matrices)", [REPO / "tests"],
+                      [*TESTS_OPTIONS, "--ignore", str(NOTEBOOKS_TEST)]),
+                 Part("tests/test_notebooks.py (alone: they time the ops)", [NOTEBOOKS_TEST],
+                      list(TESTS_OPTIONS), alone=True)]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra
+
+
+# -- parts side by side -------------------------------------------------------------------------
+
+TIMES = "suite-times.json"  # under the build folder: each part's seconds in the last run
+
+
+def test_jobs(cores: int | None = None) -> int:
+    """How many parts run at a time: WORKBOOK_TEST_JOBS, else the cores (at most 3)."""
+    from .timing import usable_cpus
+
+    cores = len(usable_cpus()) if cores is None else cores
+    wanted = os.environ.get("WORKBOOK_TEST_JOBS", "").strip()
+    if wanted:
+        if not wanted.isdigit() or int(wanted) < 1:
+            raise ValueError(f"WORKBOOK_TEST_JOBS must be a whole number >= 1, got {wanted!r}")
+        return int(wanted)
+    return max(1, min(cores, 3))
+
+
+def _last_times() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in
+                json.loads((stages.build_root() / TIMES).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _save_times(parts: list[Part]) -> None:
+    times = {**_last_times(), **{p.label: round(p.seconds, 1) for p in parts if p.exit_code >= 0}}
+    path = stages.build_root() / TIMES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+
+
+def schedule(parts: list[Part], last: dict[str, float]) -> list[Part]:
+    """The order to start them in: longest first by `last` (a part not timed yet counts as
+    long: tests/ first, then the stages newest first), the parts to run alone at the end."""
+    rank = {id(p): k for k, p in enumerate(parts)}  # later parts first: tests/, stage 7, ...
+    together = sorted((p for p in parts if not p.alone),
+                      key=lambda p: (last.get(p.label, float("inf")), rank[id(p)]), reverse=True)
+    return together + [p for p in parts if p.alone]
+
+
+def run_side_by_side(parts: list[Part], extra: list[str], jobs: int, cores: int) -> None:
+    """Run the parts `jobs` at a time (see the module docstring), printing each part's output
+    whole as it ends and a line on what runs every minute."""
+    threads = max(1, cores // jobs)
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads)
+    print(f"[test] {len(parts)} parts, {jobs} at a time, {env['OMP_NUM_THREADS']} torch "
+          f"thread(s) each on {cores} cores, the longest first; each part's output is printed "
+          f"when it ends (WORKBOOK_TEST_JOBS=1: one at a time, streamed)", flush=True)
+    lock = threading.Condition()
+    running: dict[str, float] = {}
+    queue = schedule(parts, _last_times())
+
+    def one(part: Part) -> None:
+        try:
+            run_part(part, extra, env, stream=False)
+        except Exception as error:  # noqa: BLE001 (reported as the part's failure)
+            part.output.append(f"[test] could not run pytest: {error!r}\n")
+            part.exit_code = 1
+        with lock:
+            print(_header(part), flush=True)
+            print("".join(part.output), end="", flush=True)
+            print(f"[test] {part.label}: {part.summary or f'exit {part.exit_code}'} "
+                  f"in {part.seconds:.0f} s", flush=True)
+            del running[part.label]
+            lock.notify_all()
+
+    workers: list[threading.Thread] = []
+    with lock:
+        while queue:
+            part = queue[0]
+            may_start = (not running if part.alone else len(running) < jobs)
+            if may_start:
+                queue.pop(0)
+                running[part.label] = time.perf_counter()
+                worker = threading.Thread(target=one, args=(part,), daemon=True)
+                workers.append(worker)
+                worker.start()
+                continue
+            if not lock.wait(timeout=60):
+                _say_running(running, len(parts) - len(queue) - len(running), len(parts))
+        while running:
+            if not lock.wait(timeout=60):
+                _say_running(running, len(parts) - len(running), len(parts))
+    for worker in workers:
+        worker.join()
+
+
+def _say_running(running: dict[str, float], done: int, total: int) -> None:
+    now = time.perf_counter()
+    names = ", ".join(f"{label} ({now - since:.0f} s)" for label, since in running.items())
+    print(f"[test] running: {names}; {done} of {total} parts done", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,9 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, stages.StageError) as error:
         print(f"[test] {error}", file=sys.stderr)
         return 2
+    try:
+        jobs = test_jobs()
+    except ValueError as error:
+        print(f"[test] {error}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    for part in parts:
-        run_part(part, extra)
+    if jobs > 1 and len(parts) > 1:
+        from .timing import usable_cpus
+
+        run_side_by_side(parts, extra, min(jobs, len(parts)), len(usable_cpus()))
+    else:
+        for part in parts:
+            run_part(part, extra)
+    _save_times(parts)
     print("\n[test] ===== summary")
     for part in parts:
         status = "ok  " if part.ok else "FAIL"
