@@ -8,7 +8,8 @@ The execution test runs scripts/run_notebooks.py, the same runner `make notebook
 subprocess with this interpreter and environment: each notebook in a fresh Jupyter kernel, the
 executed copies in build/notebooks/. It builds what the notebooks need (reusing the builds of
 the other tests), so it takes a few minutes on a small machine. Then it reads the executed copies:
-each must hold a picture (an image/png output), drawn when it ran.
+each must hold a picture (an image/png output), drawn when it ran. It runs twice: the notebooks
+that time code (`timed`, which `make test` runs when no other test does) and the others.
 """
 
 import json
@@ -96,14 +97,41 @@ def images_in(executed) -> int:
                for cell in cells if cell["cell_type"] == "code" for output in cell["outputs"])
 
 
-def test_notebooks_execute():
+def times_something(path) -> bool:
+    """Whether a notebook times code (ops or builds): its figures then want a quiet machine, and
+    `make test` runs it when no other test runs (workbook.suite); the others run beside them."""
+    cells = json.loads(path.read_text())["cells"]
+    code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return any(word in code for word in ("timing.", "perf_counter", "nb.sweep("))
+
+
+GROUPS = {"timed": [p for p in NOTEBOOKS if times_something(p)],
+          "untimed": [p for p in NOTEBOOKS if not times_something(p)]}
+
+
+def test_the_notebooks_that_time_nothing_are_few():
+    # The lessons are timed; an appendix of commands (the ABI trap) need not be. A stage
+    # notebook counted here would run beside other tests and draw its timings from a busy machine.
+    assert all(is_appendix(p) for p in GROUPS["untimed"]), GROUPS["untimed"]
+
+
+@pytest.mark.parametrize("group", [g for g, chosen in GROUPS.items() if chosen])
+def test_notebooks_execute(capsys, group):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    proc = subprocess.run([sys.executable, str(RUNNER)], env=runner_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    print(proc.stdout)  # per-notebook progress and times, shown by pytest -rA or on failure
-    assert proc.returncode == 0, proc.stdout[-6000:]
+    chosen = GROUPS[group]
+    lines = []
+    with subprocess.Popen([sys.executable, str(RUNNER), *(p.name for p in chosen)],
+                          env=runner_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[notebooks] "):  # each notebook's start and time, as they come:
+                with capsys.disabled():         # minutes in all
+                    print(f"\n{line}", end="", flush=True)
+    output = "".join(lines)
+    assert proc.returncode == 0, output[-6000:]
     # Every notebook draws at least one picture when it runs (none is committed).
     executed = stages.build_root() / "notebooks"
-    without = [p.name for p in NOTEBOOKS if images_in(executed / p.name) == 0]
+    without = [p.name for p in chosen if images_in(executed / p.name) == 0]
     assert not without, f"executed notebooks without a picture (an image/png output): {without}"

@@ -22,13 +22,16 @@ def test_the_longest_part_starts_first_and_a_part_to_run_alone_ends_the_run():
         ["tests/", "stage 1", "stage 2", "notebooks"]
 
 
-def test_make_test_runs_the_notebooks_alone_with_the_same_markers_as_tests():
+def test_make_test_runs_the_timed_notebooks_alone_with_the_same_markers_as_tests():
     parts = suite.parts_for(["all"])
     alone = [p for p in parts if p.alone]
     assert [p.paths for p in alone] == [[suite.NOTEBOOKS_TEST]]
+    untimed = f"{suite.NOTEBOOKS_TEST}::test_notebooks_execute[untimed]"
+    assert untimed in alone[0].options  # deselected there: it runs beside the other parts
+    assert [p for p in parts if [str(q) for q in p.paths] == [untimed]]
     tests = [p for p in parts if suite.REPO / "tests" in p.paths]
     assert len(tests) == 1 and str(suite.NOTEBOOKS_TEST) in tests[0].options
-    for p in (*alone, *tests):
+    for p in parts[-3:]:
         assert " ".join(suite.TESTS_OPTIONS) in " ".join(p.options)
 
 
@@ -36,14 +39,14 @@ def test_make_test_runs_the_notebooks_alone_with_the_same_markers_as_tests():
                                                       ("1", 2, 1), ("4", 2, 4)])
 def test_the_parts_at_a_time(monkeypatch, value, cores, jobs):
     monkeypatch.setenv("WORKBOOK_TEST_JOBS", value)
-    assert suite.test_jobs(cores) == jobs
+    assert suite.parts_at_a_time(cores) == jobs
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_a_bad_number_of_parts_at_a_time_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("WORKBOOK_TEST_JOBS", value)
     with pytest.raises(ValueError, match="WORKBOOK_TEST_JOBS must be a whole number"):
-        suite.test_jobs(2)
+        suite.parts_at_a_time(2)
 
 
 TIMED = """
@@ -83,5 +86,15 @@ def test_parts_run_side_by_side_and_each_reports_its_own_outcome(tmp_path, monke
     assert float(a_start) < float(b_end) and float(b_start) < float(a_end), "not side by side"
     assert float(times["alone"][0]) >= max(float(a_end), float(b_end)), "alone ran beside others"
     assert a_threads == "1"  # 2 cores shared by 2 parts
+    assert times["alone"][2] == "None"  # alone, torch's own count: every core
     suite._save_times(parts)
     assert set(json.loads((tmp_path / "build" / suite.TIMES).read_text())) == {"a", "b", "alone"}
+
+
+def test_the_test_processes_keep_freed_memory_unless_told_otherwise():
+    env = suite.env_for_pytest({"PATH": "/bin"})
+    assert env["MALLOC_MMAP_MAX_"] == "0" and env["PYTHONUNBUFFERED"] == "1"
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 30
+    for own in ({"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}):
+        env = suite.env_for_pytest({"PATH": "/bin", **own})
+        assert "MALLOC_MMAP_MAX_" not in env and own.items() <= env.items()

@@ -406,6 +406,10 @@ def compiler_cache() -> str:
     conda install ccache).
     """
     if shutil.which("ccache"):
+        # ccache 4 takes CCACHE_DISABLE as true when set to anything (0, false and no it refuses).
+        disabled = os.environ.get("CCACHE_DISABLE")
+        if disabled is not None and disabled.lower() not in ("0", "false", "disable", "no"):
+            return "ccache, disabled (CCACHE_DISABLE is set): every file is compiled"
         os.environ.setdefault("CCACHE_BASEDIR", str(REPO))
         os.environ.setdefault("CCACHE_NOHASHDIR", "1")
         return "ccache (torch puts it before the compiler)"

@@ -18,10 +18,11 @@ itself) or a one-file compile, so `all` runs WORKBOOK_TEST_JOBS parts at a time 
 cores, at most 3), the longest first by the last run's times (build/suite-times.json), each with
 an equal share of the cores as its torch threads (OMP_NUM_THREADS, unless set): never more
 threads than cores, which would make OpenMP's spinning threads wait on each other. A part marked
-`alone` (the notebooks, whose pictures time the ops) runs when no other does. Side by side, a
-part's output is printed whole when it ends, with a line on what is running every minute; one
-part at a time (WORKBOOK_TEST_JOBS=1, or a single stage), it streams. A summary table closes the
-run, and the exit status is 1 when any part failed (or collected no tests).
+`alone` (the notebooks that time code: their figures want a quiet machine) runs when no other
+does, with every core. Side by side, a part's output is printed whole when it ends, with a line
+on what is running every minute; one part at a time (WORKBOOK_TEST_JOBS=1, or a single stage),
+it streams. A summary table closes the run, and the exit status is 1 when any part failed (or
+collected no tests).
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ class Part:
         return self.exit_code == 0
 
 
+# glibc gives every freed block over 32 MiB back to the kernel, which zeroes its pages again on
+# the next allocation: stage 05's tests spent a third of their time in the kernel (43 of 123 s
+# at one thread, mostly the 65536-row LLTM cases), 8 s with these. The test processes keep freed
+# memory for reuse (up to 1 GiB free at the heap's top) instead, at a higher peak (6.5 GB against
+# 5.5). Where the environment sets glibc's malloc itself, it is left as it is.
+MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def env_for_pytest(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a pytest process run from `env`."""
+    if any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in env):
+        return dict(env, PYTHONUNBUFFERED="1")
+    return {**MALLOC_ENV, **env, "PYTHONUNBUFFERED": "1"}
+
+
 def _header(part: Part) -> str:
     return f"\n[test] ===== {part.label}: pytest {' '.join(_short(p) for p in part.paths)}"
 
@@ -76,7 +92,7 @@ def run_part(part: Part, extra: list[str], env: dict[str, str] | None = None,
     if stream:
         print(_header(part), flush=True)
     start = time.perf_counter()
-    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    env = env_for_pytest(dict(os.environ if env is None else env))
     with subprocess.Popen([*PYTEST, *map(str, part.paths), *part.options, *extra], cwd=REPO,
                           env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -110,14 +126,17 @@ NOTEBOOKS_TEST = REPO / "tests" / "test_notebooks.py"
 
 
 def parts_for(targets: list[str]) -> list[Part]:
-    """'all': every stage, tests/, and the notebooks (alone); else the stages named (numbers or
-    folders)."""
+    """'all': every stage, tests/, and the notebooks (those that time code alone); else the
+    stages named (numbers or folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
+        untimed = f"{NOTEBOOKS_TEST}::test_notebooks_execute[untimed]"
         extra = [Part("tests/ (tools, benchmark, matrices)", [REPO / "tests"],
                       [*TESTS_OPTIONS, "--ignore", str(NOTEBOOKS_TEST)]),
-                 Part("tests/test_notebooks.py (alone: they time the ops)", [NOTEBOOKS_TEST],
-                      list(TESTS_OPTIONS), alone=True)]
+                 Part("tests/test_notebooks.py: notebooks that time nothing", [Path(untimed)],
+                      list(TESTS_OPTIONS)),
+                 Part("tests/test_notebooks.py (alone: they time code)", [NOTEBOOKS_TEST],
+                      [*TESTS_OPTIONS, "--deselect", untimed], alone=True)]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra
@@ -128,7 +147,7 @@ def parts_for(targets: list[str]) -> list[Part]:
 TIMES = "suite-times.json"  # under the build folder: each part's seconds in the last run
 
 
-def test_jobs(cores: int | None = None) -> int:
+def parts_at_a_time(cores: int | None = None) -> int:
     """How many parts run at a time: WORKBOOK_TEST_JOBS, else the cores (at most 3)."""
     from .timing import usable_cpus
 
@@ -180,8 +199,8 @@ def run_side_by_side(parts: list[Part], extra: list[str], jobs: int, cores: int)
     queue = schedule(parts, _last_times())
 
     def one(part: Part) -> None:
-        try:
-            run_part(part, extra, env, stream=False)
+        try:  # a part alone has every core: torch's own thread count, or the environment's
+            run_part(part, extra, None if part.alone else env, stream=False)
         except Exception as error:  # noqa: BLE001 (reported as the part's failure)
             part.output.append(f"[test] could not run pytest: {error!r}\n")
             part.exit_code = 1
@@ -230,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[test] {error}", file=sys.stderr)
         return 2
     try:
-        jobs = test_jobs()
+        jobs = parts_at_a_time()
     except ValueError as error:
         print(f"[test] {error}", file=sys.stderr)
         return 2
