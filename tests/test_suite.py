@@ -2,6 +2,8 @@
 how many threads, and what a failing part reports. Real pytest processes on tiny test files."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -26,9 +28,9 @@ def test_make_test_runs_the_timed_notebooks_alone_with_the_same_markers_as_tests
     parts = suite.parts_for(["all"])
     alone = [p for p in parts if p.alone]
     assert [p.paths for p in alone] == [[suite.NOTEBOOKS_TEST]]
-    untimed = f"{suite.NOTEBOOKS_TEST}::test_notebooks_execute[untimed]"
+    untimed = "tests/test_notebooks.py::test_notebooks_execute[untimed]"
     assert untimed in alone[0].options  # deselected there: it runs beside the other parts
-    assert [p for p in parts if [str(q) for q in p.paths] == [untimed]]
+    assert [p for p in parts if p.paths == [suite.REPO / untimed]]
     tests = [p for p in parts if suite.REPO / "tests" in p.paths]
     assert len(tests) == 1 and str(suite.NOTEBOOKS_TEST) in tests[0].options
     for p in parts[-3:]:
@@ -98,3 +100,14 @@ def test_the_test_processes_keep_freed_memory_unless_told_otherwise():
     for own in ({"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}):
         env = suite.env_for_pytest({"PATH": "/bin", **own})
         assert "MALLOC_MMAP_MAX_" not in env and own.items() <= env.items()
+
+
+def test_the_alone_part_does_not_run_the_untimed_notebooks_again():
+    # pytest itself says which tests the part's options select: the deselected id must match.
+    alone = next(p for p in suite.parts_for(["all"]) if p.alone)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           *map(str, alone.paths), *alone.options], cwd=suite.REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test_notebooks_execute[timed]" in proc.stdout
+    assert "test_notebooks_execute[untimed]" not in proc.stdout

@@ -130,10 +130,11 @@ def parts_for(targets: list[str]) -> list[Part]:
     stages named (numbers or folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
-        untimed = f"{NOTEBOOKS_TEST}::test_notebooks_execute[untimed]"
+        # A node id as pytest prints it: --deselect matches it from the rootdir (the repository).
+        untimed = f"{NOTEBOOKS_TEST.relative_to(REPO)}::test_notebooks_execute[untimed]"
         extra = [Part("tests/ (tools, benchmark, matrices)", [REPO / "tests"],
                       [*TESTS_OPTIONS, "--ignore", str(NOTEBOOKS_TEST)]),
-                 Part("tests/test_notebooks.py: notebooks that time nothing", [Path(untimed)],
+                 Part("tests/test_notebooks.py: notebooks that time nothing", [REPO / untimed],
                       list(TESTS_OPTIONS)),
                  Part("tests/test_notebooks.py (alone: they time code)", [NOTEBOOKS_TEST],
                       [*TESTS_OPTIONS, "--deselect", untimed], alone=True)]
