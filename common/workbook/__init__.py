@@ -8,7 +8,7 @@
                 with the float64 reference (compare)
     reference   plain PyTorch versions of every op: the references and the eager baselines
     testing     the shared test base: the checks every stage's tests call
-    suite       the test runner: one pytest process per stage, then tests/
+    suite       the test runner: a pytest process per stage and for tests/, side by side
     matrix      hostile-input tables per op, each row run eager, on meta and compiled, in a
                 child process (tests/test_matrix.py)
     fuzz        hypothesis strategies for the ops' inputs (tests/test_fuzz.py, make fuzz)

@@ -1,6 +1,6 @@
-"""The test suite: one pytest process per stage, then the repository's own tests (tests/).
+"""The test suite: a pytest process per stage and for the repository's own tests (tests/).
 
-    python -m workbook.suite all          every stage, then tests/   (make test)
+    python -m workbook.suite all          every stage and tests/, side by side   (make test)
     python -m workbook.suite 5            stage 5's tests alone      (make stage 5)
     python -m workbook.suite 5 -- -k opcheck -x                      (pytest options after --)
 
@@ -215,21 +215,14 @@ def run_side_by_side(parts: list[Part], extra: list[str], jobs: int, cores: int)
 
     workers: list[threading.Thread] = []
     with lock:
-        while queue:
-            part = queue[0]
-            may_start = (not running if part.alone else len(running) < jobs)
-            if may_start:
-                queue.pop(0)
+        while queue or running:
+            if queue and (not running if queue[0].alone else len(running) < jobs):
+                part = queue.pop(0)
                 running[part.label] = time.perf_counter()
-                worker = threading.Thread(target=one, args=(part,), daemon=True)
-                workers.append(worker)
-                worker.start()
-                continue
-            if not lock.wait(timeout=60):
+                workers.append(threading.Thread(target=one, args=(part,), daemon=True))
+                workers[-1].start()
+            elif not lock.wait(timeout=60):  # woken when a part ends, else a line a minute
                 _say_running(running, len(parts) - len(queue) - len(running), len(parts))
-        while running:
-            if not lock.wait(timeout=60):
-                _say_running(running, len(parts) - len(running), len(parts))
     for worker in workers:
         worker.join()
 
@@ -245,13 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     targets = (argv[: argv.index("--")] if "--" in argv else argv) or ["all"]
     try:
-        parts = parts_for(targets)
+        parts, jobs = parts_for(targets), parts_at_a_time()
     except (ValueError, stages.StageError) as error:
-        print(f"[test] {error}", file=sys.stderr)
-        return 2
-    try:
-        jobs = parts_at_a_time()
-    except ValueError as error:
         print(f"[test] {error}", file=sys.stderr)
         return 2
     start = time.perf_counter()
