@@ -120,20 +120,14 @@ def gemm_floor(config: Config, device: str, phases) -> harness.Runners:
     return {p: calls[p] for p in phases}
 
 
-# The ops of each torch.library LLTM package: (namespace, forward, backward).
-LIBRARY_OPS = {"lltm": ("lltm", "forward", "backward"),
-               "extops": ("extops", "lltm_forward", "lltm_backward")}
-
-
 def kernels_alone(s: stages.Stage):
     """A fused stage's forward and backward ops called directly, without autograd: its kernels
     (the GEMMs and the fused loop) and nothing else, the floor the op can reach. The op's time
     over this is what its autograd layer and the engine cost."""
     def runners(config: Config, device: str, phases) -> harness.Runners:
-        namespace, forward_name, backward_name = LIBRARY_OPS[s.package]
         s.load()
-        ns = getattr(torch.ops, namespace)
-        forward, backward = getattr(ns, forward_name), getattr(ns, backward_name)
+        library = getattr(torch.ops, s.package)  # a library's ops are torch.ops.<its package>
+        forward, backward = library.lltm_forward, library.lltm_backward
         x, w, b, h, c = (t.detach() for t in sample(config, device, torch.float32).args)
         _, new_cell, gates = forward(x, w, b, h, c)
         grad_h, grad_cell = torch.rand_like(new_cell), torch.rand_like(new_cell)
@@ -164,7 +158,7 @@ def implementations(device: str) -> list[Impl]:
 # GPU: bandwidth of the fused pointwise kernels against a copy
 
 # Bytes per (batch, state) element of the fused pointwise kernels, restated from the comments next
-# to the kernels (stages/0{4,5}_*/csrc/lltm_cuda.cu, stages/06_op_library/csrc/lltm/cuda/):
+# to the kernels (stages/0{4,5}_*/csrc/lltm_cuda.cu; stages 06 and 07 compile stage 05's):
 #   forward:  reads gates (3 values) + old_cell (1); writes new_h + new_cell (2): 6 values
 #   backward: reads grad_h, grad_cell, new_cell, gates (3): 6; writes d_gates (3), d_old_cell (1): 4
 # times the element size (4 B in float32): 24 B forward, 40 B backward.

@@ -16,8 +16,8 @@ a constant or a size the tests cannot change:
   at 2 blocks instead of kMaxBlocks (2^20 blocks: a loop iterates only past 2^28 samples);
 * the deterministic backward's runs on random keys, with 1 multiprocessor's filling grid;
 * that the LLTM edge cases do reach the row loop and the early returns they are there for;
-* that stage 06's CUDA file is stage 05's, and that every kernel calls the host+device math its
-  CPU kernel calls (lltm_math.h, bilinear.h), so the CPU suite tests the arithmetic the GPU runs.
+* that every kernel calls the host+device math its CPU kernel calls (lltm_math.h, bilinear.h),
+  so the CPU suite tests the arithmetic the GPU runs.
 
 Each replay names the C++ it mirrors and quotes its key lines in MIRRORED;
 test_replays_quote_the_kernels finds every quoted line in the .cu file, so a kernel that changes
@@ -41,9 +41,9 @@ from workbook.stages import STAGES_DIR
 
 STAGE_04 = STAGES_DIR / "04_cuda_raw" / "csrc" / "lltm_cuda.cu"
 STAGE_05 = STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cuda.cu"
-STAGE_06 = STAGES_DIR / "06_op_library" / "csrc" / "lltm" / "cuda" / "lltm_cuda.cu"
 STAGE_07 = STAGES_DIR / "07_cuda_library" / "csrc" / "deform_conv2d" / "cuda" / \
     "deform_conv2d_cuda.cu"
+CHUNKS = STAGES_DIR.parent / "common" / "include" / "workbook" / "deform_conv2d_chunks.h"
 INT32_MAX = 2**31 - 1
 MAX_GRID_Y = 65535  # CUDA's limits on a launch
 MAX_GRID_X = 2**31 - 1
@@ -225,17 +225,18 @@ ENTRY_BYTES = 80  # kEntryBytes
 
 def plan_chunks(g: Geometry, per_position: int, max_positions: int,
                 budget: int = COLUMN_BUDGET) -> tuple[int, int]:
-    """plan_chunks: (images, rows) of a chunk: whole images while one fits the budget, else
-    blocks of output rows of one image. (budget: the same plan for a smaller budget, to cut
-    small inputs into chunks.)"""
-    positions = g.positions
+    """plan_chunks (workbook/deform_conv2d_chunks.h): (images, rows) of a chunk: whole images
+    while one fits the budget, else blocks of output rows of one image. (budget: the same plan
+    for a smaller budget, to cut small inputs into chunks.)"""
+    assert g.out_w <= max_positions  # the CUDA backward's TORCH_CHECK before it plans
+    positions = max(g.positions, 1)
     image_bytes = per_position * positions
     if image_bytes <= budget and positions <= max_positions:
         images = budget // max(image_bytes, 1)
         return (min(g.batch, max(1, images), max_positions // positions), g.out_h)
-    assert g.out_w <= max_positions  # TORCH_CHECK(g.out_w <= max_positions, ...)
-    rows = budget // max(per_position * g.out_w, 1)
-    return (1, min(g.out_h, max(1, rows), max_positions // g.out_w))
+    row = max(g.out_w, 1)
+    rows = budget // max(per_position * row, 1)
+    return (1, min(g.out_h, max(1, rows), max_positions // row))
 
 
 def for_each_chunk(g: Geometry, plan: tuple[int, int]) -> list[tuple[int, int, int, int]]:
@@ -533,19 +534,27 @@ MIRRORED = {
         "std::clamp<int64_t>(ceil_div<int64_t>(most_items, kThreads), 1, fill)",
         "<<<filling_blocks(most_runs * s.group_channels), kThreads, 0, stream>>>(",
         "const int64_t most_runs = std::min(count, none);",
-        "const int64_t images = kColumnBudgetBytes / std::max<int64_t>(image_bytes, 1);",
-        "return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / P}), g.out_h};",
-        "return {1, std::min({g.out_h, std::max<int64_t>(1, rows), max_positions / g.out_w})};",
+        "s.samples = i(ch.images * g.offset_groups * g.taps() * ch.positions);",
+        "s.columns = i(ch.images * ch.positions);",
+        "plan_chunks(g, (width + g.out_channels) * input.element_size(), kColumnBudgetBytes);",
+        "(want_weight ? width : 0) + (want_columns_grad ? width : 0) + g.out_channels;",
+        "values * element + (deterministic ? 4 * GK * kEntryBytes : 0);",
+        "deterministic ? std::numeric_limits<int32_t>::max() / (4 * GK) : kNoLimit;",
+        "TORCH_CHECK(g.out_w <= max_positions,",
+        "plan_chunks(g, per_position, kColumnBudgetBytes, max_positions);",
+    ],
+    CHUNKS: [
+        "const int64_t positions = std::max<int64_t>(g.positions(), 1);",
+        "if (image_bytes <= budget_bytes && positions <= max_positions) {",
+        "const int64_t images = budget_bytes / std::max<int64_t>(image_bytes, 1);",
+        "return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / positions}), "
+        "g.out_h};",
+        "const int64_t row = std::max<int64_t>(g.out_w, 1);",
+        "return {1, std::min({g.out_h, std::max<int64_t>(1, rows), max_positions / row})};",
         "for (int64_t n0 = 0; n0 < g.batch; n0 += plan.images) { "
         "for (int64_t r0 = 0; r0 < g.out_h; r0 += plan.rows) {",
         "fn(Chunk{n0, std::min(plan.images, g.batch - n0), r0 * g.out_w, "
         "std::min(plan.rows, g.out_h - r0) * g.out_w});",
-        "s.samples = i(ch.images * g.offset_groups * g.taps() * ch.positions);",
-        "s.columns = i(ch.images * ch.positions);",
-        "plan_chunks(g, (width + g.out_channels) * input.element_size(), kUnlimited);",
-        "(want_weight ? width : 0) + (want_columns_grad ? width : 0) + g.out_channels;",
-        "values * element + (deterministic ? 4 * GK * kEntryBytes : 0);",
-        "deterministic ? std::numeric_limits<int32_t>::max() / (4 * GK) : kUnlimited;",
     ],
 }
 
@@ -554,7 +563,8 @@ def normalized(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-@pytest.mark.parametrize("path", MIRRORED, ids=lambda p: p.parent.parent.name)
+@pytest.mark.parametrize("path", MIRRORED, ids=lambda p: p.parent.parent.name
+                         if p.is_relative_to(STAGES_DIR) else p.name)
 def test_replays_quote_the_kernels(path):
     source = normalized(path.read_text())
     missing = [line for line in MIRRORED[path] if normalized(line) not in source]
@@ -562,31 +572,15 @@ def test_replays_quote_the_kernels(path):
                          f"update the replay with the kernel:\n  " + "\n  ".join(missing))
 
 
-def test_stage_06_is_stage_05s_kernels():
-    """Stage 06's CUDA file is stage 05's from its includes to its registration: the replays of
-    stage 05 are stage 06's too. Exercise markers (comment lines that stage 05, a lesson stage,
-    has and the library need not) are left out of the comparison."""
-    def body(path):
-        text = path.read_text()
-        text = text[text.index("#include"):text.index("// Registration")]
-        return "".join(line for line in text.splitlines(True)
-                       if not re.match(r"\s*// (END )?EXERCISE ", line))
-
-    assert body(STAGE_06) == body(STAGE_05)
-
-
 LLTM_MATH = ("workbook/lltm_math.h", ["workbook::sigmoid(", "workbook::elu(", "workbook::d_elu("])
 SHARED_MATH = {
     STAGE_04: LLTM_MATH,
     STAGE_05: LLTM_MATH,
-    STAGE_06: LLTM_MATH,
     STAGE_07: ("workbook/bilinear.h", ["workbook::bilinear::locate<", ".weight(j)",
                                        ".d_weight_dy(j)", ".d_weight_dx(j)"]),
 }
 CPU_KERNELS = {
-    "workbook/lltm_math.h": [STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cpu.cpp",
-                             STAGES_DIR / "06_op_library" / "csrc" / "lltm" / "cpu" /
-                             "lltm_cpu.cpp"],
+    "workbook/lltm_math.h": [STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cpu.cpp"],
     "workbook/bilinear.h": [STAGES_DIR / "06_op_library" / "csrc" / "deform_conv2d" / "cpu" /
                             "deform_conv2d_cpu.cpp"],
 }

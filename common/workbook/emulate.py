@@ -263,17 +263,21 @@ def _flags() -> list[str]:
                 ["-O1", "-g1"] if build.sanitizer_flags() else [])
 
 
-def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool):
+def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool,
+          library: str | None = None):
+    """Compile and load `sources`. `library`: the namespace a stage's kernel files register into
+    (OPS_NAMESPACE, which the stage's setup.py defines as its package's name)."""
     from . import build
 
     build.prepare()
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
+    defines = [f"-DOPS_NAMESPACE={library}"] if library else []
     return cpp_extension.load(
         name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
         extra_include_paths=[str(EMULATE_INCLUDE), *build.include_dirs()],
-        extra_cflags=_flags(), extra_ldflags=build.openmp_flags(),
+        extra_cflags=_flags() + defines, extra_ldflags=build.openmp_flags(),
         is_python_module=python_module, verbose=False)
 
 
@@ -407,12 +411,14 @@ def load_stage(stage: Stage):
     _progress(f"{stage.label}'s CUDA kernels, emulated")
     name = "emulated_" + re.sub(r"\W", "_", stage.folder)
     if not p.whole:
-        _load(name, sources, p.build_dir / "objects", python_module=False)
+        _load(name, sources, p.build_dir / "objects", python_module=False,
+              library=stage.package)
         result = None
     else:
         # The stage's extension is `<package>._C`; its emulated copy sits in a package folder of
         # its own, beside the stage's Python files.
-        _load("_C", sources, p.build_dir / "objects", python_module=False)
+        _load("_C", sources, p.build_dir / "objects", python_module=False,
+              library=stage.package)
         package = p.lib_dir / stage.package
         package.mkdir(parents=True, exist_ok=True)
         for py in (stage.source_dir / stage.package).glob("*.py"):

@@ -3,7 +3,8 @@
 A stage is a folder ``stages/NN_name/`` holding a ``stage.toml``:
 
     title = "the one idea this stage adds"     # shown by `make help` and in the README's table
-    package = "lltm"                           # the Python package the stage builds
+    package = "lltm"                           # the Python package the stage builds, and the
+                                               # namespace of its ops: torch.ops.lltm.*
     ops = ["lltm"]                             # its ops: descriptors in common/workbook/ops/
     build = "setup"                            # "setup": setup.py, ahead of time; "jit": on import
     cuda = true                                # has CUDA sources (built where nvcc is found)
@@ -59,7 +60,7 @@ class Stage:
     number: int
     folder: str  # folder name under stages/, e.g. "05_cuda_accessors"
     title: str
-    package: str  # the importable Python package the stage provides
+    package: str  # the importable Python package the stage provides; its ops' namespace too
     ops: tuple[str, ...]  # names of the ops it implements (common/workbook/ops/<name>.py)
     kind: str  # "setup" (built ahead of time with setup.py), "jit" (built when imported)
     cuda: bool = False  # has CUDA sources, compiled when a CUDA toolkit is found

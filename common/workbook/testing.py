@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -334,6 +335,34 @@ def check_imports_alone(stage, snippet: str, cwd) -> str:
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def run_tests_of(path: str, namespace: dict) -> None:
+    """Define another stage's tests in the calling test module: the file `path` (relative to the
+    stages folder) is executed in `namespace`, the caller's globals(), so its
+    ``stages.here(__file__)`` is the calling stage and every test it defines runs on the calling
+    stage's package. How a stage that compiles an earlier stage's kernels as they are runs that
+    stage's tests too, without a copy of them (stage 06: stage 05's test_lltm.py).
+
+    The asserts are rewritten as pytest rewrites a test module's, so a failing one shows its
+    values; the caller's docstring is kept."""
+    import ast
+
+    here = Path(namespace["__file__"]).resolve()
+    source = here.parent.parent / path
+    if not source.is_file():
+        raise FileNotFoundError(f"{here.name}: no test file {path} beside this stage ({source})")
+    text = source.read_text()
+    tree = ast.parse(text, str(source))
+    try:  # pytest's own assertion rewriting, as for any test module it imports
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        rewrite_asserts(tree, text.encode(), source)
+    except ImportError:  # an older or newer pytest without it: plain asserts still check
+        pass
+    doc = namespace.get("__doc__")
+    exec(compile(tree, str(source), "exec"), namespace)
+    namespace["__doc__"] = doc
 
 
 # ----------------------------------------------------------------------------------------------

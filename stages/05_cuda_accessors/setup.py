@@ -22,6 +22,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 # -fopenmp it would compile to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
 cpu_sources = ["csrc/lltm.cpp", "csrc/lltm_cpu.cpp"]
 cxx_flags = build.cxx_flags() + build.openmp_flags() + build.cpu_simd_flags()
+# The kernel files register into the library named here (torch.ops.lltm.*); stage 06 compiles
+# them into its own (OPS_NAMESPACE=extops).
+library = [("OPS_NAMESPACE", "lltm")]
 if found:
     print(f"building lltm with CUDA kernels: {found}, for TORCH_CUDA_ARCH_LIST="
           f"{build.cuda_arch_list()}")
@@ -29,6 +32,7 @@ if found:
         "lltm._C",
         cpu_sources + ["csrc/lltm_cuda.cu"],
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
         extra_link_args=build.openmp_flags(),
     )
@@ -38,6 +42,7 @@ else:
         "lltm._C",
         cpu_sources,
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args=cxx_flags,
         extra_link_args=build.openmp_flags(),
     )

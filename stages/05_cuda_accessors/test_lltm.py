@@ -6,6 +6,10 @@ every sample, every bad input also through the fake kernel (meta tensors), torch
 CUDA kernels must be compiled in; with a GPU they are checked like the CPU ones, against the CPU,
 and under CUDA graphs, and at the edges of the launch (empty tensors, state 1, batches past the
 row loop's 65535 blocks; opt-in with WORKBOOK_HUGE_TESTS=1, past 2^31 elements in bfloat16).
+
+Stage 06 compiles these kernels into its library, and runs this file there too (its
+test_lltm.py): the tests name the library under test by STAGE (its package, the namespace of its
+ops), never `lltm` itself.
 """
 
 
@@ -27,6 +31,14 @@ def package():
 
 def lltm(*args, **kwargs):
     return package().lltm(*args, **kwargs)
+
+
+def op(name: str):
+    """The dispatcher op `name` of the library under test: torch.ops.<package>.<name>, as each
+    library registers its ops under its package's name (lltm here, extops in stage 06, which runs
+    these tests too: its test_lltm.py)."""
+    package()
+    return getattr(getattr(torch.ops, STAGE.package), name)
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"]) +
@@ -75,19 +87,17 @@ def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64]))
 def test_opcheck_forward(p, requires_grad):
-    package()
-    testing.check_opcheck(torch.ops.lltm.forward.default, p.sample(SPEC, requires_grad))
+    testing.check_opcheck(op("lltm_forward").default, p.sample(SPEC, requires_grad))
 
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64]))
 def test_opcheck_backward(p, requires_grad):
-    package()
-    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.lltm.forward, requires_grad)
+    sample = lltm_op.backward_sample(p.sample(SPEC), op("lltm_forward"), requires_grad)
     # With inputs that require grad, test_aot_dispatch_dynamic differentiates through the backward
     # op, which raises by design (test_double_backward_raises_clearly): the other three run.
     tests = testing.OPCHECK_TESTS[:3] if requires_grad else testing.OPCHECK_TESTS
-    testing.check_opcheck(torch.ops.lltm.backward.default, sample, tests)
+    testing.check_opcheck(op("lltm_backward").default, sample, tests)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -99,23 +109,23 @@ def test_compile_fullgraph_matches_eager(dynamic):
 
 
 def test_meta_inputs_run_the_fake_kernels():
-    package()
-    lltm_op.check_fake_kernels(torch.ops.lltm.forward, torch.ops.lltm.backward)
+    lltm_op.check_fake_kernels(op("lltm_forward"), op("lltm_backward"))
 
 
 # -- the package ----------------------------------------------------------------------------------
 
 
 def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
-    package()
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("lltm::forward", "CPU")
-    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("lltm::forward", "CUDA")
+    forward = op("lltm_forward").default.name()  # "<namespace>::lltm_forward"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(forward, "CPU")
+    has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key(forward, "CUDA")
     assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
 
 
 def test_imports_from_anywhere_without_the_workbook(tmp_path):
-    out = testing.check_imports_alone(STAGE, "import torch, lltm\n"
-                                      "h, c = lltm.LLTM(3, 4)(torch.zeros(2, 3), "
+    name = STAGE.package
+    out = testing.check_imports_alone(STAGE, f"import torch, {name}\n"
+                                      f"h, c = {name}.LLTM(3, 4)(torch.zeros(2, 3), "
                                       "(torch.zeros(2, 4), torch.zeros(2, 4)))\n"
                                       "print(tuple(h.shape), tuple(c.shape))", tmp_path)
     assert out.split("\n")[-2] == "(2, 4) (2, 4)"
@@ -130,8 +140,7 @@ def test_not_a_tensor_raises_type_error():
 
 
 def test_gates_output_takes_no_gradient():
-    package()
-    lltm_op.check_gates_take_no_gradient(torch.ops.lltm.forward)
+    lltm_op.check_gates_take_no_gradient(op("lltm_forward"))
 
 
 @pytest.mark.parametrize("used", lltm_op.OP.output_names)
@@ -140,7 +149,7 @@ def test_gradient_through_one_output_only(used):
 
 
 def test_module_checks_its_arguments():
-    lltm_op.check_module_arguments(package().LLTM, 'lltm.LLTM')
+    lltm_op.check_module_arguments(package().LLTM, f"{STAGE.package}.LLTM")
 
 
 def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
@@ -161,8 +170,7 @@ def test_double_backward_raises_clearly():
 
 
 def test_backward_op_checks_its_inputs():
-    package()
-    lltm_op.check_backward_op_checks_its_inputs(torch.ops.lltm.backward)
+    lltm_op.check_backward_op_checks_its_inputs(op("lltm_backward"))
 
 
 # -- on CUDA: a GPU or the emulated device (a few on a GPU alone) --------------------------------
@@ -209,10 +217,9 @@ def test_edge_cases(p):
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64],
                                              cases=lltm_op.CPU_EDGE_CASES, batch0=False))
 def test_opcheck_edge_cases(p):
-    package()
-    testing.check_opcheck(torch.ops.lltm.forward.default, p.sample(SPEC))
-    sample = lltm_op.backward_sample(p.sample(SPEC), torch.ops.lltm.forward, requires_grad=False)
-    testing.check_opcheck(torch.ops.lltm.backward.default, sample)
+    testing.check_opcheck(op("lltm_forward").default, p.sample(SPEC))
+    sample = lltm_op.backward_sample(p.sample(SPEC), op("lltm_forward"), requires_grad=False)
+    testing.check_opcheck(op("lltm_backward").default, sample)
 
 
 # -- past 2^31 elements: opt-in ------------------------------------------------------------------

@@ -9,7 +9,9 @@ the production library `make install` installs.)
 The sources are found, not listed: every .cpp under csrc/ goes into the library, and every .cu
 too where a CUDA toolkit is found, so an op is added by adding its folder (csrc/<op>/<op>.cpp for
 the schemas, csrc/<op>/cpu/ and csrc/<op>/cuda/ for the kernels) and its Python module
-(extops/<op>.py). Without a toolkit the library is built CPU-only, and says so.
+(extops/<op>.py). The LLTM's kernels are the one exception: they are stage 05's files, compiled
+into this library as they are (they register under OPS_NAMESPACE, the library's name), so the
+lesson's kernels exist once. Without a toolkit the library is built CPU-only, and says so.
 
 --no-build-isolation builds against the torch already installed (an isolated build would fetch
 another torch, whose ABI need not match). The workbook's build helpers (common/workbook) are used
@@ -27,8 +29,13 @@ found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-cpp_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp"))
-cuda_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cu"))
+# Stage 05's LLTM kernels, registered into this library: torch.ops.extops.lltm_forward, ...
+LLTM_KERNELS = "../05_cuda_accessors/csrc"
+cpp_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp")) + [
+    f"{LLTM_KERNELS}/lltm_cpu.cpp"]
+cuda_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cu")) + [
+    f"{LLTM_KERNELS}/lltm_cuda.cu"]
+library = [("OPS_NAMESPACE", "extops")]  # the namespace the kernel files register into
 
 # The CPU kernels run on at::parallel_for, which is OpenMP inside torch's headers (without
 # -fopenmp it compiles to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
@@ -40,6 +47,7 @@ if found:
         "extops._C",
         cpp_sources + cuda_sources,
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
         extra_link_args=build.openmp_flags(),
     )
@@ -50,6 +58,7 @@ else:
         "extops._C",
         cpp_sources,
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args=cxx_flags,
         extra_link_args=build.openmp_flags(),
     )

@@ -10,8 +10,9 @@ LLTM and Python package would be the same files twice, to keep in step by hand, 
 against stage 06 would show nothing but that .cu file anyway; so the library is built from
 stage 06's files where they are (../06_op_library/csrc and ../06_op_library/extops) and this
 folder's csrc/. The sources are found, not listed: every .cpp under ../06_op_library/csrc, and,
-where a CUDA toolkit is found, every .cu under ../06_op_library/csrc and ./csrc. Without a
-toolkit the library is built CPU-only (stage 06's CPU kernels), and says so.
+where a CUDA toolkit is found, every .cu under ../06_op_library/csrc and ./csrc; and, as in stage
+06, the LLTM's kernels from stage 05. Without a toolkit the library is built CPU-only (the CPU
+kernels alone), and says so.
 
 --no-build-isolation builds against the torch already installed (an isolated build would fetch
 another torch, whose ABI need not match). The workbook's build helpers (common/workbook) are used
@@ -39,8 +40,13 @@ def sources(folder: Path, pattern: str) -> list[str]:
     return sorted(os.path.relpath(p, HERE) for p in folder.glob(pattern))
 
 
-cpp_sources = sources(STAGE_06 / "csrc", "**/*.cpp")
-cuda_sources = sources(STAGE_06 / "csrc", "**/*.cu") + sources(HERE / "csrc", "**/*.cu")
+# Stage 06's library, with the LLTM kernels it takes from stage 05 (registered into this library
+# by OPS_NAMESPACE), plus this folder's CUDA kernels of the deformable convolution.
+LLTM_KERNELS = HERE.parent / "05_cuda_accessors" / "csrc"
+cpp_sources = sources(STAGE_06 / "csrc", "**/*.cpp") + sources(LLTM_KERNELS, "lltm_cpu.cpp")
+cuda_sources = (sources(STAGE_06 / "csrc", "**/*.cu") + sources(LLTM_KERNELS, "lltm_cuda.cu") +
+                sources(HERE / "csrc", "**/*.cu"))
+library = [("OPS_NAMESPACE", "extops")]  # the namespace the kernel files register into
 
 # The CPU kernels run on at::parallel_for, which is OpenMP inside torch's headers (without
 # -fopenmp it compiles to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
@@ -52,6 +58,7 @@ if found:
         "extops._C",
         cpp_sources + cuda_sources,
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
         extra_link_args=build.openmp_flags(),
     )
@@ -62,6 +69,7 @@ else:
         "extops._C",
         cpp_sources,
         include_dirs=build.include_dirs(),
+        define_macros=library,
         extra_compile_args=cxx_flags,
         extra_link_args=build.openmp_flags(),
     )

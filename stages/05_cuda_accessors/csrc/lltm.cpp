@@ -6,8 +6,10 @@
 //                  the ops are (TORCH_LIBRARY: names and schemas); lltm_cpu.cpp and lltm_cuda.cu
 //                  each register *how* one backend runs them (TORCH_LIBRARY_IMPL); lltm/ops.py
 //                  adds the fake kernels (shapes only, for torch.compile and meta tensors) and
-//                  autograd. No pybind11: the ops are reached as torch.ops.lltm.forward/backward,
-//                  from Python, C++ or a compiled graph alike.
+//                  autograd. No pybind11: the ops are reached as torch.ops.lltm.lltm_forward
+//                  and .lltm_backward, from Python, C++ or a compiled graph alike. (The op names
+//                  carry the op's name, as they must in stage 06's library of several ops, where
+//                  these kernels register the same names under the namespace `extops`.)
 //
 // The kernels of both backends check their inputs with workbook/lltm_checks.h, as every LLTM
 // stage does, so a bad input gets the same message whichever backend it was sent to.
@@ -24,19 +26,21 @@
 // ----------------------------------------------------------------------------------------------
 // Schemas
 //
-// The names and signatures every backend implements. forward returns the pre-activation gates
-// as a third output: the backward rebuilds the activations from them. `gates` is internal: it is
-// not differentiable (autograd marks it so: a loss through it gets no gradient from it), and the
-// public functional form lltm.lltm returns only (new_h, new_cell). pt2_compliant_tag says the
-// ops (with the fake kernels of lltm/ops.py) are safe to trace with torch.compile.
+// The names and signatures every backend implements. The library is named here, literally:
+// TORCH_LIBRARY may appear once per namespace in a whole process. lltm_forward returns the
+// pre-activation gates as a third output: the backward rebuilds the activations from them.
+// `gates` is internal: it is not differentiable (autograd marks it so: a loss through it gets no
+// gradient from it), and the public functional form lltm.lltm returns only (new_h, new_cell).
+// pt2_compliant_tag says the ops (with the fake kernels of lltm/ops.py) are safe to trace with
+// torch.compile.
 
 TORCH_LIBRARY(lltm, m) {
   m.def(
-      "forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell)"
+      "lltm_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell)"
       " -> (Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   m.def(
-      "backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, Tensor input,"
+      "lltm_backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, Tensor gates, Tensor input,"
       " Tensor old_h, Tensor weights) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
 }
@@ -59,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor
                                                                 const at::Tensor& old_h,
                                                                 const at::Tensor& old_cell) {
   static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lltm::forward", "")
+                             .findSchemaOrThrow("lltm::lltm_forward", "")
                              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                  const at::Tensor&, const at::Tensor&)>();
@@ -73,11 +77,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lltm, AutocastCPU, m) {
-  m.impl("forward", &forward_autocast<c10::DeviceType::CPU>);
+  m.impl("lltm_forward", &forward_autocast<c10::DeviceType::CPU>);
 }
 
 TORCH_LIBRARY_IMPL(lltm, AutocastCUDA, m) {
-  m.impl("forward", &forward_autocast<c10::DeviceType::CUDA>);
+  m.impl("lltm_forward", &forward_autocast<c10::DeviceType::CUDA>);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -88,8 +92,8 @@ TORCH_LIBRARY_IMPL(lltm, AutocastCUDA, m) {
 // and in the kernel files.
 
 PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C",
-                               "Loads the lltm library: torch.ops.lltm.forward and .backward", -1,
-                               nullptr};
+  static PyModuleDef module = {
+      PyModuleDef_HEAD_INIT, "_C",
+      "Loads the lltm library: torch.ops.lltm.lltm_forward, .lltm_backward", -1, nullptr};
   return PyModule_Create(&module);
 }

@@ -242,9 +242,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
-// Registration: these kernels run the lltm ops for CPU tensors.
+// Registration: these kernels run the library's LLTM ops for CPU tensors.
+//
+// Which library: OPS_NAMESPACE, which setup.py defines as the package it builds. Here that is
+// `lltm` (torch.ops.lltm.lltm_forward); stage 06 compiles this same file into `extops`
+// (torch.ops.extops.lltm_forward). A kernel file does not need to know which library it ends up
+// in; the file that defines the library (lltm.cpp, TORCH_LIBRARY) does.
 
-TORCH_LIBRARY_IMPL(lltm, CPU, m) {
-  m.impl("forward", &lltm_forward_cpu);
-  m.impl("backward", &lltm_backward_cpu);
+TORCH_LIBRARY_IMPL(OPS_NAMESPACE, CPU, m) {
+  m.impl("lltm_forward", &lltm_forward_cpu);
+  m.impl("lltm_backward", &lltm_backward_cpu);
 }

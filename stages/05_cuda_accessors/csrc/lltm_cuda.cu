@@ -8,7 +8,8 @@
 //   v2 (here):     packed accessors ([b][s] indexing, 32-bit index math when it fits, 64-bit
 //                  when it does not; inputs read-only, loaded through the read-only cache), a 2-D
 //                  grid (state across x, batch across y) of blocks shaped to the state, registered
-//                  as the CUDA kernels of torch.ops.lltm.forward / .backward
+//                  as the CUDA kernels of torch.ops.lltm.lltm_forward / .lltm_backward (and of
+//                  torch.ops.extops.lltm_*: stage 06 compiles this file into its library)
 //
 // What accessors add over raw pointers: the kernel reads gates[b][s] instead of computing
 // gates + b * 3S + s by hand, and sizes travel with the data. A *packed* accessor carries sizes
@@ -279,9 +280,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lltm_back
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
-// Registration: these kernels run the lltm ops for CUDA tensors.
+// Registration: these kernels run the library's LLTM ops for CUDA tensors, in the library
+// setup.py names (OPS_NAMESPACE: `lltm` here, `extops` when stage 06 compiles this file; see
+// lltm_cpu.cpp).
 
-TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
-  m.impl("forward", &lltm_forward_cuda);
-  m.impl("backward", &lltm_backward_cuda);
+TORCH_LIBRARY_IMPL(OPS_NAMESPACE, CUDA, m) {
+  m.impl("lltm_forward", &lltm_forward_cuda);
+  m.impl("lltm_backward", &lltm_backward_cuda);
 }

@@ -6,7 +6,7 @@
     new_h, new_cell = cell(x, (h, c))
     new_h, new_cell = lltm.lltm(x, weights, bias, h, c)          # the functional form
 
-The ops are torch.ops.lltm.forward and torch.ops.lltm.backward (schemas in csrc/lltm.cpp): they
+The ops are torch.ops.lltm.lltm_forward and .lltm_backward (schemas in csrc/lltm.cpp): they
 work under autograd, torch.compile(fullgraph=True) and on meta tensors. Built from the workbook's
 stage 05; this package needs only torch at run time.
 """

@@ -1,7 +1,7 @@
 """The Python half of the lltm ops: fake kernels, autograd, and the functional form.
 
-The C++ library (lltm._C) defines torch.ops.lltm.forward and .backward and their CPU and CUDA
-kernels. What torch needs besides, registered here with torch.library:
+The C++ library (lltm._C) defines torch.ops.lltm.lltm_forward and .lltm_backward and their CPU
+and CUDA kernels. What torch needs besides, registered here with torch.library:
 
 * a fake kernel per op: output shapes, dtypes and devices from the inputs' alone, which is how
   torch.compile traces the ops and how they run on meta tensors. It checks what the C++ checks,
@@ -71,7 +71,7 @@ def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
                                f"({why}), got sizes {list(t.shape)}")
 
 
-@torch.library.register_fake("lltm::forward")
+@torch.library.register_fake("lltm::lltm_forward")
 def _forward_fake(input, weights, bias, old_h, old_cell):
     # EXERCISE library-registration: the fake kernel: the C++ checks, then the empty outputs
     op = "lltm"
@@ -95,7 +95,7 @@ def _forward_fake(input, weights, bias, old_h, old_cell):
     # END EXERCISE library-registration
 
 
-@torch.library.register_fake("lltm::backward")
+@torch.library.register_fake("lltm::lltm_backward")
 def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
     op = "lltm_backward"
     tensors = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
@@ -137,7 +137,7 @@ def _backward(ctx, grad_h, grad_cell, _grad_gates):
     grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
     grad_cell = torch.zeros_like(new_cell) if grad_cell is None else grad_cell
     # Gradients in the inputs' order: input, weights, bias, old_h, old_cell.
-    return torch.ops.lltm.backward(grad_h, grad_cell, *ctx.saved_tensors)
+    return torch.ops.lltm.lltm_backward(grad_h, grad_cell, *ctx.saved_tensors)
 
 
 def _no_double_backward(ctx, *grads):
@@ -147,8 +147,8 @@ def _no_double_backward(ctx, *grads):
     )
 
 
-torch.library.register_autograd("lltm::forward", _backward, setup_context=_setup_context)
-torch.library.register_autograd("lltm::backward", _no_double_backward)
+torch.library.register_autograd("lltm::lltm_forward", _backward, setup_context=_setup_context)
+torch.library.register_autograd("lltm::lltm_backward", _no_double_backward)
 
 
 def check_reverse_mode_only(op: str, tensors) -> None:
@@ -187,7 +187,7 @@ def lltm(input, weights, bias, old_h, old_cell):
     or a CUDA device. Inside a torch.autocast region the inputs are cast to the region's dtype.
     Forward-mode AD and torch.func's gradient transforms are refused (check_reverse_mode_only).
 
-    The op itself, torch.ops.lltm.forward, returns a third output, the pre-activation gates: an
+    The op itself, torch.ops.lltm.lltm_forward, returns a third output, the pre-activation gates: an
     intermediate for its backward, not differentiable, and not part of this form.
     """
     tensors = (input, weights, bias, old_h, old_cell)
@@ -201,5 +201,5 @@ def lltm(input, weights, bias, old_h, old_cell):
             raise TypeError(f"lltm: `{name}` must be a dense tensor (layout Strided), got layout "
                             f"{_LAYOUT_NAMES.get(t.layout, t.layout)}")
     check_reverse_mode_only("lltm", tensors)
-    new_h, new_cell, _gates = torch.ops.lltm.forward(input, weights, bias, old_h, old_cell)
+    new_h, new_cell, _gates = torch.ops.lltm.lltm_forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell

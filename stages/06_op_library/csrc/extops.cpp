@@ -7,8 +7,9 @@
 //
 //   csrc/extops.cpp                         this file: `import extops._C` loads the library
 //   csrc/lltm/lltm.cpp                      schemas of extops::lltm_forward, ::lltm_backward
-//   csrc/lltm/cpu/lltm_cpu.cpp              their CPU kernels
-//   csrc/lltm/cuda/lltm_cuda.cu             their CUDA kernels (compiled where nvcc is found)
+//   ../05_cuda_accessors/csrc/lltm_cpu.cpp  their CPU kernels: stage 05's file, compiled in here
+//   ../05_cuda_accessors/csrc/lltm_cuda.cu  their CUDA kernels (where nvcc is found), likewise
+//   csrc/lltm/autograd/, csrc/lltm/autocast/   their autograd (C++) and autocast rule
 //   csrc/deform_conv2d/deform_conv2d.cpp    schemas of extops::deform_conv2d, ::..._backward
 //   csrc/deform_conv2d/cpu/...              their CPU kernels
 #include <Python.h>

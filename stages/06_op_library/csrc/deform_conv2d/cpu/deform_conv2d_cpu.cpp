@@ -53,12 +53,17 @@
 
 #include "workbook/bilinear.h"
 #include "workbook/deform_conv2d_checks.h"
+#include "workbook/deform_conv2d_chunks.h"
 #include "workbook/host_device.h"
 
 namespace {
 
 using workbook::ceil_div;
+using workbook::deform_conv2d::Chunk;
+using workbook::deform_conv2d::ChunkPlan;
+using workbook::deform_conv2d::for_each_chunk;
 using workbook::deform_conv2d::Geometry;
+using workbook::deform_conv2d::plan_chunks;
 
 // ----------------------------------------------------------------------------------------------
 // Kernels
@@ -106,7 +111,8 @@ struct PaddedPlane {
 };
 
 // Column buffers (and the table) never exceed this: a batch is cut into chunks of whole images
-// when one fits, else one image into blocks of output rows. 32 MiB: large enough that the GEMMs
+// when one fits, else one image into blocks of output rows (workbook/deform_conv2d_chunks.h,
+// the CUDA kernel's planner too, with a budget of its own). 32 MiB: large enough that the GEMMs
 // see thousands of positions, small enough not to matter next to a network's activations.
 constexpr int64_t kColumnBudgetBytes = int64_t{32} << 20;
 
@@ -123,43 +129,6 @@ constexpr int64_t kGemmPositions = 256;
 constexpr int64_t kWeightGradColumns = 96;
 // Channels per scatter task: 16 floats, one 64-byte line when C is a multiple of 16.
 constexpr int64_t kChannelBlock = 16;
-
-// One chunk of the work: images [n0, n0 + images), output positions [p0, p0 + positions) of each
-// (whole rows, so p0 is a multiple of Wo).
-struct Chunk {
-  int64_t n0, images, p0, positions;
-};
-
-int64_t saturating_mul(int64_t a, int64_t b) {
-  int64_t out = 0;
-  return c10::mul_overflows<int64_t>(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
-}
-
-// How a batch is cut: chunks of `images` whole images, or, when one image alone exceeds the
-// budget (then images == 1), blocks of `rows` output rows of each image.
-struct ChunkPlan {
-  int64_t images, rows;
-};
-
-ChunkPlan plan_chunks(const Geometry& g, int64_t bytes_per_position) {
-  const int64_t image_bytes = saturating_mul(bytes_per_position, g.positions());
-  if (image_bytes <= kColumnBudgetBytes) {
-    return {std::min(g.batch, std::max<int64_t>(1, kColumnBudgetBytes / image_bytes)), g.out_h};
-  }
-  const int64_t row_bytes = saturating_mul(bytes_per_position, g.out_w);
-  return {1, std::min(g.out_h, std::max<int64_t>(1, kColumnBudgetBytes / row_bytes))};
-}
-
-// The chunks in order. The first is the largest: buffers are allocated once, at its size.
-template <typename Fn>
-void for_each_chunk(const Geometry& g, const ChunkPlan& plan, const Fn& fn) {
-  for (int64_t n0 = 0; n0 < g.batch; n0 += plan.images) {
-    for (int64_t r0 = 0; r0 < g.out_h; r0 += plan.rows) {
-      fn(Chunk{n0, std::min(plan.images, g.batch - n0), r0 * g.out_w,
-               std::min(plan.rows, g.out_h - r0) * g.out_w});
-    }
-  }
-}
 
 // The channels of one offset group, cut where a conv group ends. Within a run, channel c and tap
 // k sit at column `column + k * per_group + (c - c0)` of a position's row: contiguous in c.
@@ -590,8 +559,8 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset,
                           mask_c ? mask_c->const_data_ptr<T>() : nullptr};
       const int64_t per_position =
           layout.width * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position);
-      const int64_t positions = plan.images * plan.rows * g.out_w;  // in the largest chunk
+      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const int64_t positions = plan.most_positions(g);
       auto base = at::empty({positions * g.offset_groups * K}, typed.dtype(at::kLong));
       auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);
       auto columns = at::empty({positions * layout.width}, typed);
@@ -690,8 +659,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
                              (want_columns_grad ? layout.width : 0);
       const int64_t per_position =
           values * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position);
-      const int64_t positions = plan.images * plan.rows * g.out_w;  // in the largest chunk
+      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const int64_t positions = plan.most_positions(g);
       auto base = at::empty({positions * g.offset_groups * K}, options.dtype(at::kLong));
       auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);
       auto columns = want_weight ? at::empty({positions * layout.width}, typed) : at::Tensor();

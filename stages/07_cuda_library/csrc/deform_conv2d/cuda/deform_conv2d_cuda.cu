@@ -66,6 +66,7 @@
 
 #include "workbook/bilinear.h"
 #include "workbook/deform_conv2d_checks.h"
+#include "workbook/deform_conv2d_chunks.h"
 #include "workbook/host_device.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -89,7 +90,12 @@ namespace {
 
 using workbook::ceil_div;
 using workbook::bilinear::Sample;
+using workbook::deform_conv2d::Chunk;
+using workbook::deform_conv2d::ChunkPlan;
+using workbook::deform_conv2d::for_each_chunk;
 using workbook::deform_conv2d::Geometry;
+using workbook::deform_conv2d::kNoLimit;
+using workbook::deform_conv2d::plan_chunks;
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // a grid-stride loop covers the rest
@@ -108,7 +114,6 @@ constexpr int64_t kColumnBudgetBytes = int64_t{256} << 20;
 // order (4 + 4), weight and sorted weight (2 x 4 or 8), sorted column (4 or 8), run head, run
 // number and start (3 x 4), and CUB's own copies of keys and values (12); rounded up.
 constexpr int64_t kEntryBytes = 80;
-constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
 
 // What a kernel knows of the problem and of its chunk: images [n0, n0 + images), output
 // positions [p0, p0 + chunk_positions) of each. index_t is int32 when every buffer a kernel
@@ -479,53 +484,6 @@ __global__ void __launch_bounds__(kThreads)
 // cuBLAS accumulates in float, and the sums over the batch (grad_input, grad_weight) are kept in
 // float until the end.
 
-// One chunk of the work: images [n0, n0 + images), output positions [p0, p0 + positions) of each
-// (whole rows, so p0 is a multiple of Wo).
-struct Chunk {
-  int64_t n0, images, p0, positions;
-};
-
-// How a batch is cut: chunks of `images` whole images, or, when one image alone exceeds the
-// budget (then images == 1), blocks of `rows` output rows of each image.
-struct ChunkPlan {
-  int64_t images, rows;
-  int64_t most_positions(const Geometry& g) const { return images * rows * g.out_w; }
-};
-
-int64_t saturating_mul(int64_t a, int64_t b) {
-  int64_t out = 0;
-  return c10::mul_overflows<int64_t>(a, b, &out) ? kUnlimited : out;
-}
-
-// per_position: bytes of the buffers that grow with the chunk's positions; max_positions: a cap
-// on the positions of one chunk (the deterministic backward sorts fewer than 2^31 entries).
-ChunkPlan plan_chunks(const Geometry& g, int64_t per_position, int64_t max_positions) {
-  const int64_t P = g.positions();
-  const int64_t image_bytes = saturating_mul(per_position, P);
-  if (image_bytes <= kColumnBudgetBytes && P <= max_positions) {
-    const int64_t images = kColumnBudgetBytes / std::max<int64_t>(image_bytes, 1);
-    return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / P}), g.out_h};
-  }
-  TORCH_CHECK(g.out_w <= max_positions, "deform_conv2d_backward: one output row (", g.out_w,
-              " positions, ", g.offset_groups * g.taps(),
-              " samples each, 4 corners a sample) has more corners than the deterministic "
-              "backward sorts at once (2^31 - 1); use the default (atomic) backward");
-  const int64_t rows =
-      kColumnBudgetBytes / std::max<int64_t>(saturating_mul(per_position, g.out_w), 1);
-  return {1, std::min({g.out_h, std::max<int64_t>(1, rows), max_positions / g.out_w})};
-}
-
-// The chunks in order. The first is the largest: buffers are allocated once, at its size.
-template <typename Fn>
-void for_each_chunk(const Geometry& g, const ChunkPlan& plan, const Fn& fn) {
-  for (int64_t n0 = 0; n0 < g.batch; n0 += plan.images) {
-    for (int64_t r0 = 0; r0 < g.out_h; r0 += plan.rows) {
-      fn(Chunk{n0, std::min(plan.images, g.batch - n0), r0 * g.out_w,
-               std::min(plan.rows, g.out_h - r0) * g.out_w});
-    }
-  }
-}
-
 bool fits_32bit(std::initializer_list<int64_t> sizes) {
   return std::all_of(sizes.begin(), sizes.end(),
                      [](int64_t n) { return n <= std::numeric_limits<int32_t>::max(); });
@@ -706,7 +664,7 @@ at::Tensor deform_conv2d_cuda(const at::Tensor& input, const at::Tensor& offset,
   // Per position: a column of the columns, and one of the GEMM's product before it is permuted
   // into the NCHW output.
   const ChunkPlan plan =
-      plan_chunks(g, (width + g.out_channels) * input.element_size(), kUnlimited);
+      plan_chunks(g, (width + g.out_channels) * input.element_size(), kColumnBudgetBytes);
   const int64_t most = plan.most_positions(g);
   auto columns = at::empty({width * most}, input.options());
   auto product = at::empty({g.out_channels * most}, input.options());
@@ -864,9 +822,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
         (want_weight ? width : 0) + (want_columns_grad ? width : 0) + g.out_channels;
     const int64_t per_position = values * element + (deterministic ? 4 * GK * kEntryBytes : 0);
     const int64_t plane = g.height * g.width;
+    // The deterministic backward sorts a chunk's 4 GK entries per position at once, fewer than
+    // 2^31 of them: a cap on the chunk's positions besides the budget, which one output row
+    // must meet.
     const int64_t max_positions =
-        deterministic ? std::numeric_limits<int32_t>::max() / (4 * GK) : kUnlimited;
-    const ChunkPlan plan = plan_chunks(g, per_position, max_positions);
+        deterministic ? std::numeric_limits<int32_t>::max() / (4 * GK) : kNoLimit;
+    TORCH_CHECK(g.out_w <= max_positions, "deform_conv2d_backward: one output row (", g.out_w,
+                " positions, ", GK,
+                " samples each, 4 corners a sample) has more corners than the "
+                "deterministic backward sorts at once (2^31 - 1); use the default (atomic) "
+                "backward");
+    const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes, max_positions);
     const int64_t most = plan.most_positions(g), entries = 4 * GK * most;
     // A key, (i G + g) H W + pixel, is decoded in index_t: images G H W must fit too.
     const bool small =
