@@ -81,7 +81,7 @@ help:
 	@echo "  MAX_JOBS=N make ...               parallel compile jobs (now $(MAX_JOBS))"
 	@echo
 	@echo "The stages (found in stages/, each described by its stage.toml):"
-	@$(BOOTSTRAP_PYTHON) -m workbook.stages || echo "  (could not read them: see the error above)"
+	@$(BOOTSTRAP_PYTHON) -m workbook.build.stages || echo "  (could not read them: see the error above)"
 
 # -- environment ------------------------------------------------------------------------------
 
@@ -97,15 +97,15 @@ env-check:
 # -- building and testing ---------------------------------------------------------------------
 
 # `make stage 3`: the number is a goal of its own, which does nothing (see the last rule). Each
-# stage's tests run in a pytest process of their own (python -m workbook.suite says why).
+# stage's tests run in a pytest process of their own (python -m workbook.testing.suite says why).
 stage: $(ENV_READY)
 	@if [ -z "$(STAGE)" ]; then echo "usage: make stage N   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
 	@$(PY) -m workbook.build $(STAGE)
-	@$(PY) -m workbook.suite $(STAGE)
+	@$(PY) -m workbook.testing.suite $(STAGE)
 
 test: $(ENV_READY)
 	@$(PY) -m workbook.build all
-	@$(PY) -m workbook.suite all
+	@$(PY) -m workbook.testing.suite all
 
 # The template's own acceptance checks: `make new-stage` and a copied stage folder, each built and
 # tested in a copy of the repository (a few minutes). CI runs them after `make test`.
@@ -121,26 +121,26 @@ fuzz: $(ENV_READY)
 
 # The stages' C++ compiled with AddressSanitizer and UndefinedBehaviorSanitizer into build/sanitize/,
 # and their tests run against it with the runtimes preloaded; any report fails the run.
-# The default is a subset that fits CI; FULL=1 checks everything (workbook.sanitize says what).
+# The default is a subset that fits CI; FULL=1 checks everything (workbook.net.sanitize says what).
 sanitize: $(ENV_READY)
-	@$(PY) -m workbook.sanitize $(if $(filter 1 yes true,$(FULL)),--full)
+	@$(PY) -m workbook.net.sanitize $(if $(filter 1 yes true,$(FULL)),--full)
 
-# -- exercises (workbook.exercises) --------------------------------------------------------------
+# -- exercises (workbook.teaching.exercises) ------------------------------------------------
 
 # `make exercise 2`: exercises/02_lltm_cpp, stage 2 with every EXERCISE region of its sources a
 # TODO; refuses to replace an existing copy unless RESET=1. REVEAL=name puts that exercise's
 # solution into the copy (REVEAL=all: every one); CHECK=1 checks the copy (= make check 2).
 exercise: $(ENV_READY)
 	@if [ -z "$(STAGE)" ]; then echo "usage: make exercise N [RESET=1 | REVEAL=name | CHECK=1]   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
-	@if [ -n "$(CHECK)" ]; then $(PY) -m workbook.exercises check $(STAGE); \
-	elif [ -n "$(REVEAL)" ]; then $(PY) -m workbook.exercises reveal $(STAGE) $(filter-out all,$(REVEAL)); \
-	else $(PY) -m workbook.exercises carve $(STAGE) $(if $(filter 1 yes true,$(RESET)),--reset); fi
+	@if [ -n "$(CHECK)" ]; then $(PY) -m workbook.teaching.exercises check $(STAGE); \
+	elif [ -n "$(REVEAL)" ]; then $(PY) -m workbook.teaching.exercises reveal $(STAGE) $(filter-out all,$(REVEAL)); \
+	else $(PY) -m workbook.teaching.exercises carve $(STAGE) $(if $(filter 1 yes true,$(RESET)),--reset); fi
 
 # `make check 2`: builds exercises/02_lltm_cpp under build/exercises/ and runs stage 2's tests on it
 # (PYTEST_ARGS="--tb=short -x": pytest options, say for the tracebacks).
 check: $(ENV_READY)
 	@if [ -z "$(STAGE)" ]; then echo "usage: make check N   (after make exercise N)"; exit 2; fi
-	@$(PY) -m workbook.exercises check $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+	@$(PY) -m workbook.teaching.exercises check $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # Every stage carved in a temporary folder: the copy builds and fails the tests of its exercises
 # (without a GPU the CUDA exercises run on the emulated CUDA device; with WORKBOOK_CUDA=off they
@@ -151,7 +151,7 @@ test-exercises: $(ENV_READY)
 # `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
 diff: $(ENV_READY)
 	@if [ -z "$(STAGE)" ]; then echo "usage: make diff N"; exit 2; fi
-	@$(PY) -m workbook.stages --diff $(STAGE)
+	@$(PY) -m workbook.build.stages --diff $(STAGE)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
@@ -196,11 +196,11 @@ lab: $(ENV_READY)
 
 # Install the production library (the last stage whose stage.toml says `production = true`).
 install: $(ENV_READY)
-	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.stages --production)"
+	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.build.stages --production)"
 
 # nvcc and CUDA headers from pip wheels, matching torch's CUDA (a no-op where one is found).
 cuda-toolkit: $(ENV_READY)
-	@$(PY) -m workbook.toolkit install || echo "[cuda] no CUDA toolkit: stage 4 is skipped, stage 5 builds CPU-only"
+	@$(PY) -m workbook.build.toolkit install || echo "[cuda] no CUDA toolkit: stage 4 is skipped, stage 5 builds CPU-only"
 
 # -- diagnosing and repairing the environment ----------------------------------------------
 

@@ -12,7 +12,8 @@ Run card
   python bench/run.py --min-run-time 0.2       seconds per measurement, instead of the plan's
   python bench/run.py --render bench/results/lltm/cpu-2threads.json    rebuild its .md and .png
 
-What each op measures and how: bench/README.md; the harness itself: bench/harness.py.
+What each op measures and how: bench/README.md; the harness: common/workbook/measure/harness.py,
+each op's part: common/workbook/ops/<op>/bench.py.
 """
 
 from __future__ import annotations
@@ -23,18 +24,10 @@ import os
 import sys
 from pathlib import Path
 
-# Run as a script, Python puts bench/ first on sys.path, where bench/lltm.py would shadow stage
-# 05's package `lltm`: import the op modules as the package `bench` from the repository root.
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-for path in (REPO / "common", REPO):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import torch
 
-import torch  # noqa: E402  (after harness, which points inductor's cache into build/)
-
-from bench import harness  # noqa: E402
+from workbook.build.stages import REPO
+from workbook.measure import harness
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -10,7 +10,7 @@ What goes in, all found on disk (nothing here lists stages or notebooks): a star
 README (its opening and its Learn section) with the stage table; a page per stage with its
 README (the lesson), its lesson diff (`make diff N`, syntax-coloured) and its notebook as
 executed, every printed result and picture; a page per appendix notebook; the exercises
-(workbook.exercises); the benchmark results (bench/results/<op>/*.md and their plots). Each
+(workbook.teaching.exercises); the benchmark results (bench/results/<op>/*.md and their plots). Each
 page's footer says which torch on which machine produced the outputs, and when.
 
 The executed notebooks are the copies `make notebooks` (and the notebook test of `make test`)
@@ -43,12 +43,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "common"), str(REPO / "scripts")]
+import run_notebooks  # scripts/run_notebooks.py, beside this file: the notebooks, how they run
 
-import run_notebooks  # noqa: E402  (scripts/run_notebooks.py: the notebooks, and how they run)
+from workbook.build import stages
+from workbook.teaching import exercises
 
-from workbook import exercises, stages  # noqa: E402
+REPO = stages.REPO
 
 NOTEBOOKS = run_notebooks.NOTEBOOKS
 THEME = REPO / "scripts" / "book_theme"
@@ -285,9 +285,9 @@ def _file_lines(path: Path) -> tuple[list[str], list[str]]:
 
 
 def parse_lesson_diff(text: str) -> list[DiffFile]:
-    """The unified diff `python -m workbook.stages --diff N` prints, as rows to draw, each line
-    coloured as the file it comes from (whole files are highlighted, so a comment spanning lines
-    stays a comment)."""
+    """The unified diff `python -m workbook.build.stages --diff N` prints, as rows to draw, each
+    line coloured as the file it comes from (whole files are highlighted, so a comment spanning
+    lines stays a comment)."""
     files: list[DiffFile] = []
     old = new = 0
     sources: dict[str, tuple[list[str], list[str]]] = {}
@@ -457,7 +457,7 @@ def machine_facts(executed: list[Path]) -> str:
     except OSError:
         pass
     cpu = f"{cpu}, {os.cpu_count()} cores"
-    # The emulated CUDA device (workbook/emulate.py) labels what ran on it "emulated_cuda".
+    # The emulated CUDA device (workbook/build/emulate.py) labels what ran on it "emulated_cuda".
     outputs = " ".join(_text(o.get("text", "")) + _text(o.get("data", {}).get("text/plain", ""))
                        for p in executed for cell in json.loads(p.read_text())["cells"]
                        for o in cell.get("outputs", []))

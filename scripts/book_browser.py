@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "common"))
 
-from workbook import stages  # noqa: E402
+from workbook.build import stages  # noqa: E402
 
 VIEWPORT = {"width": 1200, "height": 800}
 LOAD_TIMEOUT = 30.0

@@ -42,7 +42,7 @@ case "$mode" in
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-build-isolation --no-deps -e "$repo/common"
     # CUDA stages need an nvcc whose major version matches torch's CUDA; where the machine has
     # none, this installs one from pip wheels (a no-op where one is found, or for a CPU torch).
-    "$venv/bin/python" -m workbook.toolkit install ||
+    "$venv/bin/python" -m workbook.build.toolkit install ||
       say "no CUDA toolkit: stage 4 will be skipped and stage 5 built CPU-only"
     say "done: $("$venv/bin/python" -c 'import torch; print(f"torch {torch.__version__} (CUDA {torch.version.cuda})")')"
     ;;

@@ -2,7 +2,7 @@
 
 The stages to run come first (`plan`): one per package, the newest; without a GPU, no CUDA-only
 stage, and the others built CPU-only, so that nvcc never runs for kernels that could not run
-here. They are built side by side (workbook.build.build_side_by_side). Then, for every op that a
+here. They are built side by side (workbook.build.side_by_side). Then, for every op that a
 stage implements (the stages' stage.toml files say which), at the op's demo sizes (its
 descriptor's demo_case, float32): each stage's op is checked against the float64 reference,
 outputs and input gradients, and timed beside the op's baselines (plain PyTorch; for the
@@ -18,8 +18,11 @@ import sys
 
 import torch
 
-from workbook import build, ops, stages, timing
-from workbook.opspec import OpSpec, Sample, compare
+from workbook import ops
+from workbook.build import builder, loader, side_by_side, stages
+from workbook.build.loader import import_stage
+from workbook.measure import timing
+from workbook.ops.spec import OpSpec, Sample, compare
 
 
 def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
@@ -31,7 +34,7 @@ def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
     (build/stages-cpu/), unless its full build is already up to date (after `make test`). `make
     test` still compiles every CUDA file, and runs the CUDA tests on the emulated CUDA device.
     """
-    from workbook import toolkit
+    from workbook.build import toolkit
 
     chosen: dict[str, stages.Stage] = {}
     not_run: dict[int, str] = {}
@@ -44,7 +47,7 @@ def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
             not_run[s.number] = (f"CUDA only, and there is no GPU here, so it is not built; "
                                  f"`make stage {s.number}` builds it and runs its tests on the "
                                  f"emulated CUDA device")
-        elif s.cuda and not gpu and toolkit.find() is not None and not build.is_up_to_date(s):
+        elif s.cuda and not gpu and toolkit.find() is not None and not builder.is_up_to_date(s):
             chosen[s.package] = s.cpu_only_build()
         else:
             chosen[s.package] = s
@@ -54,8 +57,8 @@ def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
 def load(stage: stages.Stage) -> tuple[object | None, str]:
     """The stage's package (built already), or None and why not."""
     try:
-        return stage.load(quiet=False), ""
-    except (build.StageSkipped, build.StageConflict, RuntimeError, ImportError) as error:
+        return import_stage(stage, quiet=False), ""
+    except (builder.StageSkipped, loader.StageConflict, RuntimeError, ImportError) as error:
         return None, str(error)
 
 
@@ -170,7 +173,7 @@ def main() -> int:
               f"CPU-only (their CUDA kernels could not run); nvcc is not used")
     print(f"[demo] building stages {', '.join(str(s.number) for s in to_run)} (the first time "
           f"takes minutes; compiler output in build/stages*/<stage>/build.log) ...", flush=True)
-    build.build_side_by_side(to_run)
+    side_by_side.build_side_by_side(to_run)
     modules = {}
     for s in to_run:
         module, why = load(s)

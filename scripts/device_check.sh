@@ -88,16 +88,16 @@ for i in range(torch.cuda.device_count()):
 missing = [m for m in ("ninja", "pytest", "numpy", "setuptools") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"this Python lacks {', '.join(missing)}")
-from workbook import toolkit
+from workbook.build import toolkit
 found = toolkit.find()
 if found is None:
     sys.exit(f"no CUDA toolkit matching torch's CUDA {torch.version.cuda}: {toolkit.reason()}")
 print(f"toolkit: {found}")
 print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 PY
-arch=$("$PYTHON" -c 'from workbook import build; print(build.cuda_arch_list())')
+arch=$("$PYTHON" -c 'from workbook.build import compiler; print(compiler.cuda_arch_list())')
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch}
-cuda_stages=$("$PYTHON" -c 'from workbook import stages; print(" ".join(str(s.number) for s in stages.all_stages() if s.cuda))')
+cuda_stages=$("$PYTHON" -c 'from workbook.build import stages; print(" ".join(str(s.number) for s in stages.all_stages() if s.cuda))')
 [ -n "$cuda_stages" ] || stop preflight "no stage has cuda = true"
 note "CUDA stages: $cuda_stages; TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
 
@@ -114,14 +114,14 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 [ $status -eq 0 ] || stop build "a CUDA stage was skipped or failed to build (see logs/build-*.log)"
 for n in $cuda_stages; do
-  step "import-$n" 120 "$PYTHON" -c "from workbook import stages; print(stages.get($n).load().__file__)" ||
+  step "import-$n" 120 "$PYTHON" -c "from workbook.build.loader import import_stage; print(import_stage($n).__file__)" ||
     stop "import-$n" "stage $n does not import"
 done
 
 # -- 3. tests ---------------------------------------------------------------------------------
 
 for n in $cuda_stages; do
-  folder=$("$PYTHON" -c "from workbook import stages; print(stages.get($n).source_dir)")
+  folder=$("$PYTHON" -c "from workbook.build import stages; print(stages.get($n).source_dir)")
   step "test-$n" 300 "$PYTHON" -m pytest "$folder" -q -rs -p no:cacheprovider \
     --junitxml="$logs/junit-$n.xml" --durations=15
   if grep -q "SKIPPED.*no CUDA device" "$logs/test-$n.log"; then
@@ -138,7 +138,7 @@ if command -v compute-sanitizer > /dev/null; then
     tools=memcheck
     # racecheck looks for hazards in shared memory: only kernels that use it (or CUB's, which
     # does) can have them, and it is slow.
-    folder=$("$PYTHON" -c "from workbook import stages; print(stages.get($n).source_dir)")
+    folder=$("$PYTHON" -c "from workbook.build import stages; print(stages.get($n).source_dir)")
     if grep -rqE "__shared__|cub::" --include='*.cu' "$folder"; then tools="memcheck racecheck"; fi
     for tool in $tools; do
       step "sanitizer-$tool-$n" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 \

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 try:  # the workbook's shared Python: `make` puts common/ on PYTHONPATH, .venv has it installed
-    from workbook import build, stages, toolkit
+    from workbook.build import compiler, stages, toolkit
 except ImportError as error:
     sys.exit(f"FAIL workbook cannot import the workbook package ({error}): run `make doctor`, "
              f"which sets PYTHONPATH=common, or `pip install -e common`")
@@ -56,7 +56,7 @@ def run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess | No
 
 
 def interpreter_path() -> str:
-    """PATH as the build sees it: the interpreter's bin folder first (build.tools_on_path)."""
+    """PATH as the build sees it: the interpreter's bin folder first (compiler.tools_on_path)."""
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
@@ -89,7 +89,7 @@ def check_abi(torch) -> None:
     theirs = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     forced = os.environ.get("WORKBOOK_CXX11_ABI", "")
     try:
-        ours = build.cxx11_abi()
+        ours = compiler.cxx11_abi()
     except ValueError as error:
         report("FAIL", "abi", str(error), "unset WORKBOOK_CXX11_ABI")
         return
@@ -180,7 +180,7 @@ def check_nvcc(torch) -> None:
                if version else f"torch has CUDA {wanted}")
     report("WARN", "nvcc", f"{here}; {problem}; the CUDA stages are skipped",
            f"install a CUDA {toolkit.major(wanted)}.x toolkit and set CUDA_HOME, or run "
-           f"`python -m workbook.toolkit install`")
+           f"`python -m workbook.build.toolkit install`")
 
 
 def check_cuda_home(torch) -> None:
@@ -255,7 +255,7 @@ def check_arch_list(torch, gpus) -> None:
         report("OK", "arch list", "TORCH_CUDA_ARCH_LIST unset; not needed: no CUDA stage here")
         return
     if not value:
-        helper = getattr(build, "cuda_arch_list", None)
+        helper = getattr(compiler, "cuda_arch_list", None)
         if gpus:
             chosen = ";".join(sorted({cap for _, cap in gpus}))
             report("OK", "arch list", f"TORCH_CUDA_ARCH_LIST unset: the visible GPUs' {chosen}")
@@ -290,7 +290,7 @@ def check_arch_list(torch, gpus) -> None:
 
 
 def check_build_dir() -> None:
-    root = build.build_root()
+    root = stages.build_root()
     source = "WORKBOOK_BUILD_DIR" if os.environ.get("WORKBOOK_BUILD_DIR") else "default"
     existing = next(p for p in (root, *root.parents) if p.exists())
     if not os.access(existing, os.W_OK):
@@ -323,7 +323,7 @@ def check_built_stages(torch) -> None:
         if match and int(match.group(1)) != theirs:
             wrong.append(str(s.number))
     if not built:
-        report("OK", "stages", f"none built under {short(build.build_root())} yet")
+        report("OK", "stages", f"none built under {short(stages.build_root())} yet")
     elif wrong:
         report("FAIL", "stages", f"built: {', '.join(built)}; stage {', '.join(wrong)} has the "
                f"other ABI than torch ({theirs}) and will not import",
@@ -352,7 +352,7 @@ def lock_holders(locks: list[Path]) -> dict[Path, int]:
 def check_jit_locks(torch) -> None:
     from torch.utils import cpp_extension
 
-    roots = [build.build_root() / "jit"]
+    roots = [stages.build_root() / "jit"]
     for extra in (os.environ.get("TORCH_EXTENSIONS_DIR"), cpp_extension.get_default_build_root()):
         if extra and Path(extra).resolve() not in roots:
             roots.append(Path(extra).resolve())

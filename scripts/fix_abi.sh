@@ -91,7 +91,7 @@ resolve() {  # $1: target ("" for all)
 import sys
 from pathlib import Path
 
-from workbook import build, stages
+from workbook.build import stages
 
 target = sys.argv[1]
 
@@ -128,18 +128,18 @@ if target and ("/" in target or target.endswith(".so")):
     emit(s, root or "-", lib)
 elif target:
     try:
-        s = build.stage(target)
+        s = stages.get(target)
     except ValueError as error:
         sys.exit(f"[fix-abi] error: {error}")
-    libs = libraries(s, build.build_root())
+    libs = libraries(s, stages.build_root())
     if not libs:  # not built yet: report it with no library
-        emit(s, build.build_root(), "-")
+        emit(s, stages.build_root(), "-")
     for lib in libs:
-        emit(s, build.build_root(), lib)
+        emit(s, stages.build_root(), lib)
 else:
     for s in stages.all_stages():
-        for lib in libraries(s, build.build_root()):
-            emit(s, build.build_root(), lib)
+        for lib in libraries(s, stages.build_root()):
+            emit(s, stages.build_root(), lib)
 PY
 }
 
@@ -255,7 +255,7 @@ short() { local p=$1; echo "${p#"$repo"/}"; }
 
 lines=$(resolve "$target") || exit 2
 if [ -z "$lines" ]; then
-  say "no stage is built under $(short "$("$py" -c 'from workbook import build; print(build.build_root())')");" \
+  say "no stage is built under $(short "$("$py" -c 'from workbook.build import stages; print(stages.build_root())')");" \
       "nothing to check (build one with make stage N)"
   exit 0
 fi

@@ -21,8 +21,10 @@ import sys
 
 import torch
 
-from workbook import ops, stages
-from workbook.opspec import compare
+from workbook import ops
+from workbook.build import stages
+from workbook.build.loader import import_stage
+from workbook.ops.spec import compare
 
 
 def smoke_op(stage: stages.Stage, module, name: str) -> bool:
@@ -51,7 +53,7 @@ def smoke_op(stage: stages.Stage, module, name: str) -> bool:
 
 def smoke_stage(number: int) -> bool:
     stage = stages.get(number)
-    module = stage.load()
+    module = import_stage(stage)
     results = [smoke_op(stage, module, name) for name in stage.ops]  # each op, whatever the others
     return all(results)
 

@@ -19,12 +19,16 @@ import uuid
 import pytest
 import torch
 
-from workbook import build, ops, opspec, reference, stages
+from workbook import ops
+from workbook.build import builder, loader, stages
+from workbook.build.loader import import_stage
+from workbook.ops.lltm import reference
+from workbook.ops.spec import Case
 
 # bench/ is a package at the repository root (a top-level `lltm` module would shadow stage 05's).
 if str(stages.REPO) not in sys.path:
     sys.path.insert(0, str(stages.REPO))
-harness = importlib.import_module("bench.harness")
+harness = importlib.import_module("workbook.measure.harness")
 
 RUN = stages.REPO / "bench" / "run.py"
 OPS = harness.op_names()
@@ -82,8 +86,8 @@ def expected_implementations(op, device):
         if device not in s.devices:
             continue
         try:
-            package = s.load()
-        except (build.StageSkipped, build.StageConflict):
+            package = import_stage(s)
+        except (builder.StageSkipped, loader.StageConflict):
             continue
         if hasattr(package, op):
             keys.add(harness.stage_key(s))
@@ -161,7 +165,7 @@ def returns_nan(*inputs):
 
 
 def validate(fn):
-    sample = LLTM.make(opspec.Case("odd", {"batch": 5, "features": 17, "state": 33}))
+    sample = LLTM.make(Case("odd", {"batch": 5, "features": 17, "state": 33}))
     return harness.validate(fn, LLTM, sample, harness.incoming_gradients(LLTM, sample))
 
 
@@ -232,7 +236,7 @@ def test_a_run_cut_short_leaves_what_it_measured():
 
 
 def test_the_report_says_whether_the_machine_was_busy():
-    from workbook import timing
+    from workbook.measure import timing
 
     run = tiny_lltm([])
     report = run.run()

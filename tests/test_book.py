@@ -24,14 +24,24 @@ from pathlib import Path
 
 import pytest
 
-from workbook import stages
+from workbook.build import stages
 
 REPO = stages.REPO
-# scripts/book.py, imported by path (scripts/ is not a package); registered before it runs, as
-# its dataclasses look their module up.
-_spec = importlib.util.spec_from_file_location("book_script", REPO / "scripts" / "book.py")
-book = sys.modules["book_script"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(book)
+
+
+def _script(name: str, module: str):
+    """scripts/<name>, imported by path (scripts/ is not a package) as `module`; registered
+    before it runs, as its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(module, REPO / "scripts" / name)
+    loaded = sys.modules[module] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+# book.py imports run_notebooks.py, which lies beside it: where Python finds it when book.py is run
+# as a script, and where this test puts it for the import.
+_script("run_notebooks.py", "run_notebooks")
+book = _script("book.py", "book_script")
 
 # A 1 x 1 PNG, as a notebook stores an image output.
 PIXEL = base64.b64encode(bytes.fromhex(

@@ -1,4 +1,4 @@
-"""The production ops called from many Python threads at once give bitwise the results of one.
+"""Every op called from many Python threads at once gives bitwise the results of one.
 
 Eight threads each call an op forward and backward 50 times, all started together, on inputs of
 their own (each thread a dtype of its own, so four kernel instantiations run side by side) or on
@@ -6,7 +6,11 @@ one set of inputs they all share (a model's weights, read by every request); eve
 gradient must be bitwise equal to what a single thread got on the same inputs before. A kernel
 with hidden shared state (a static buffer, a cache keyed by the wrong thing, a race in its
 intra-op parallel loop) fails here; at::parallel_for's own threads run under each caller too
-(the LLTM case is past its kernels' 8192-element grain).
+(the LLTM's case is past its kernels' 8192-element grain).
+
+Every op runs wherever a stage implements it on the CPU (workbook.ops.implementations), at the
+size its descriptor names for this (OpSpec.concurrency_case): a new op or stage is tested here
+with no edit.
 """
 
 import threading
@@ -15,30 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from workbook import ops, stages
-from workbook.fuzz import package
-from workbook.opspec import FLOAT_DTYPES, Case, as_tuple, random_like
+from workbook import ops
+from workbook.ops.spec import FLOAT_DTYPES, as_tuple, random_like
 
 THREADS = 8
 CALLS = 50
-
-
-def stage_op(stage, name):
-    return lambda *args, **kwargs: getattr(package(stage), name)(*args, **kwargs)
-
-
-# B x S = 8960: past the LLTM CPU kernels' 8192-element grain, so two intra-op threads share it.
-LLTM_CASE = Case("b70_f8_s128", {"batch": 70, "features": 8, "state": 128})
-DEFORM = ops.get("deform_conv2d")
-
-# op -> (descriptor, implementation, case): sizes where a call takes long enough to overlap.
-TARGETS = {
-    "z2xy": (ops.get("z2xy"), stage_op(1, "z2xy"), Case("129x70", {"rows": 129, "cols": 70})),
-    "lltm (stage 05)": (ops.get("lltm"), stage_op(5, "lltm"), LLTM_CASE),
-    "extops.lltm": (ops.get("lltm"), stage_op(stages.production(), "lltm"), LLTM_CASE),
-    "extops.deform_conv2d": (DEFORM, stage_op(stages.production(), "deform_conv2d"),
-                             DEFORM.case("b3_c8_o4_g4_og2_k3_s2_d2")),
-}
 
 
 def forward_and_backward(fn, sample, grad_outputs):
@@ -58,9 +43,10 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("inputs", ["own", "shared"])
-@pytest.mark.parametrize("target", list(TARGETS))
-def test_threads_get_the_single_thread_results(target, inputs):
-    spec, fn, case = TARGETS[target]
+@pytest.mark.parametrize("implementation", ops.implementations(), ids=lambda i: i.key)
+def test_threads_get_the_single_thread_results(implementation, inputs):
+    spec, fn = implementation.spec, implementation.function()
+    case = spec.concurrency_case or spec.demo_case
     samples = [spec.make(case, dtype=FLOAT_DTYPES[k % len(FLOAT_DTYPES)], seed=k)
                for k in range(THREADS)]
     if inputs == "shared":
@@ -80,5 +66,5 @@ def test_threads_get_the_single_thread_results(target, inputs):
 
     with ThreadPoolExecutor(THREADS) as pool:
         found = [line for lines in pool.map(worker, range(THREADS)) for line in lines]
-    assert not found, f"{target}: {len(found)} results differ from one thread's:\n" + "\n".join(
-        found[:20])
+    assert not found, (f"{implementation.key}: {len(found)} results differ from one thread's:\n"
+                       + "\n".join(found[:20]))

@@ -1,5 +1,5 @@
-"""The emulated CUDA device (workbook.emulate): its source pass, CUDA's launch limits, the order
-blocks run in, and that it catches a bug planted in a stage's own kernel.
+"""The emulated CUDA device (workbook.build.emulate): its source pass, CUDA's launch limits, the
+order blocks run in, and that it catches a bug planted in a stage's own kernel.
 
 The source pass is checked on text (no build). The rest compiles small kernels of its own, or a
 mutated copy of stage 07's, for the emulated device (about a minute each on 2 cores, once), and
@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from workbook import build, emulate, stages, testing
+from workbook import testing
+from workbook.build import builder, emulate, stages
 
 # -- the source pass, on text ---------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ TORCH_LIBRARY_IMPL(emulate_test, CUDA, m) {
 
 LIMITS_CHECKS = r"""
 import os, pytest, torch
-from workbook import emulate
+from workbook.build import emulate
 emulate.build_kernels("emulate_limits_test", [SOURCE], BUILD)
 x = torch.empty(1000, device=emulate.DEVICE)
 iota = torch.ops.emulate_test.iota
@@ -198,12 +199,14 @@ SWAPPED = ("*out = static_cast<scalar_t>(w[0] * v[0] + w[1] * v[1] + w[2] * v[2]
 
 MUTANT_CHECKS = r"""
 import sys, torch
-from workbook import emulate, ops, opspec
+from workbook import ops
+from workbook.build import emulate
+from workbook.ops.spec import compare
 sys.path.insert(0, LIB); import extops  # the stage's own build, with its CPU and CUDA kernels
 emulate.build_kernels("emulate_mutant_test", [SOURCE], BUILD)   # instead of the stage's own
 spec = ops.get("deform_conv2d")
 sample = spec.make(spec.case("b2_c4_o5_k3_pad1"), device=emulate.DEVICE, dtype=torch.float64)
-result = opspec.compare(extops.deform_conv2d, spec, sample)
+result = compare(extops.deform_conv2d, spec, sample)
 print("MUTANT", "PASSED" if result.ok else "CAUGHT", result)
 """
 
@@ -218,7 +221,7 @@ def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
     assert text.count(mutation[0]) == 1, "the code to mutate moved: update the mutation"
     mutant = tmp_path / "deform_conv2d_cuda.cu"
     mutant.write_text(text.replace(*mutation))
-    return (f"from pathlib import Path\nLIB = {str(build.build_stage(stage, quiet=True))!r}\n"
+    return (f"from pathlib import Path\nLIB = {str(builder.build_stage(stage, quiet=True))!r}\n"
             f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(build_dir)!r})\n" +
             MUTANT_CHECKS)
 
@@ -243,15 +246,14 @@ def test_the_test_base_runs_cuda_tests_where_it_says():
 
 # The bug planted: the grid-stride loop of stage 07's sampling kernel one item too far, so the
 # last thread decodes a sample past the end and loads its offsets from beyond the buffer.
-_SAMPLING = ("// EXERCISE deform-cuda-sampling: per sample: locate, mask, then each channel's "
-             "m sum_j w_j v_j\n")
+_SAMPLING = "::test_zero_offsets_and_unit_mask_are_a_convolution\n"  # the marker's last line
 OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += item_stride()) {",
               _SAMPLING + "  for (int64_t t = first_item(); t <= s.samples; t += item_stride()) {")
 
 
 @pytest.mark.cuda
 def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
-    from workbook import sanitize
+    from workbook.net import sanitize
 
     base = tmp_path / "sanitize"
     # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.

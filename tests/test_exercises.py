@@ -1,6 +1,6 @@
-"""The exercises carved from the stages (workbook.exercises): the markers, carving and putting
-the solutions back, the check's report; and, marked `exercises` (make test-exercises, minutes),
-every stage carved for real: the copy builds, and fails the tests of its exercises.
+"""The exercises carved from the stages (workbook.teaching.exercises): the markers, carving and
+putting the solutions back, the check's report; and, marked `exercises` (make test-exercises,
+minutes), every stage carved for real: the copy builds, and fails the tests of its exercises.
 """
 
 import os
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from workbook import exercises, stages, testing, toolkit
+from workbook import testing
+from workbook.build import stages, toolkit
+from workbook.teaching import exercises
 
 REPO = stages.REPO
 STAGES = stages.all_stages()
@@ -333,14 +335,14 @@ def run(*args, **kwargs):
 
 
 def test_the_command_line_lists_and_refuses_clearly(tmp_path):
-    listed = run(sys.executable, "-m", "workbook.exercises", "list", "2")
+    listed = run(sys.executable, "-m", "workbook.teaching.exercises", "list", "2")
     assert listed.returncode == 0 and "lltm-forward" in listed.stdout, listed.stderr
     assert "checked by test_lltm_cpp.py: test_against_reference" in listed.stdout
-    unknown = run(sys.executable, "-m", "workbook.exercises", "carve", "42")
+    unknown = run(sys.executable, "-m", "workbook.teaching.exercises", "carve", "42")
     assert unknown.returncode == 2 and "unknown stage '42'" in unknown.stderr
     env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path))
     if not exercises.work_copy(stages.get(7)).exists():
-        missing = run(sys.executable, "-m", "workbook.exercises", "check", "7", env=env)
+        missing = run(sys.executable, "-m", "workbook.teaching.exercises", "check", "7", env=env)
         assert missing.returncode == 2 and "`make exercise 7` makes one" in missing.stderr
 
 
@@ -351,7 +353,7 @@ def test_make_help_lists_the_exercise_targets():
 
 
 def test_make_test_leaves_the_exercise_tests_to_make_test_exercises():
-    from workbook import suite
+    from workbook.testing import suite
 
     options = suite.parts_for(["all"])[-1].options
     assert "not exercises" in " ".join(options) and "not template" in " ".join(options)

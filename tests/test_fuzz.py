@@ -1,61 +1,38 @@
-"""Property-based fuzzing of the production ops against their float64 references (hypothesis).
+"""Property-based fuzzing of every op, wherever a stage implements it, against its float64
+reference (hypothesis).
 
-For z2xy (stage 01), the LLTM (stage 05's `lltm` and the production library's `extops`) and the
-deformable convolution (`extops`), hypothesis draws sizes (0 and 1 included), a dtype, a memory
-layout per tensor (contiguous, at a storage offset, a slice of wider rows, every other element,
-transposed, expanded with stride 0, channels_last), which inputs require grad, and 1 or 2 CPU
-threads; every example's outputs and input gradients must match the reference within the
-descriptor's tolerances for the dtype (workbook/fuzz.py says how an example is drawn and
-checked).
+For each op (common/workbook/ops/<op>/fuzz.py says how its sizes are drawn) and each package that
+implements it (workbook.ops.implementations: z2xy in stage 01, the LLTM in stages 02, 03, 05 and
+the production library, the deformable convolution in the production library), hypothesis draws
+sizes (0 and 1 included), a dtype, a memory layout per tensor (contiguous, at a storage offset,
+a slice of wider rows, every other element, transposed, expanded with stride 0, channels_last),
+which inputs require grad, and 1 or 2 CPU threads; every example's outputs and input gradients
+must match the reference within the descriptor's tolerances for the dtype
+(workbook/testing/fuzz.py says how an example is drawn and checked). The tests are made from
+what is on disk: a new op or stage is fuzzed with no edit here.
 
-`make test` runs a short pass (the `ci` counts below, about a minute in all); `make fuzz`
+`make test` runs a short pass (each op's `ci` count, about a minute in all); `make fuzz`
 (WORKBOOK_FUZZ=long) the long one, with hypothesis' statistics. The examples are derandomized:
 every run draws the same ones, and a failure prints an Example to pass to fuzz.check.
 """
 
 import pytest
-from hypothesis import given
 
-from workbook import fuzz, ops, stages
-from workbook.fuzz import package
+from workbook import ops
+from workbook.net import fuzz
 
-Z2XY = fuzz.any_shape(ops.get("z2xy"))
-LLTM = ops.get("lltm")
-DEFORM = ops.get("deform_conv2d")
+IMPLEMENTATIONS = [i for i in ops.implementations() if ops.part(i.op, "fuzz") is not None]
 
-
-def production():
-    return package(stages.production())
+# One test per op and stage, named for both: test_lltm_at_stage_05.
+for _implementation in IMPLEMENTATIONS:
+    _test = fuzz.test_of(_implementation)
+    globals()[_test.__name__] = _test
 
 
-def test_every_fuzzed_op_is_in_a_built_stage():
-    """The fuzz tests below skip nothing: each op they fuzz imports."""
-    assert callable(package(1).z2xy) and callable(package(5).lltm)
-    assert callable(production().lltm) and callable(production().deform_conv2d)
-
-
-@fuzz.settings(ci=300, long=2000)
-@given(fuzz.examples(Z2XY, fuzz.z2xy_cases()))
-def test_z2xy(example):
-    fuzz.check(package(1).z2xy, Z2XY, example)
-
-
-@fuzz.settings(ci=400, long=5000)
-@given(fuzz.examples(LLTM, fuzz.lltm_cases()))
-def test_lltm_stage_05(example):
-    fuzz.check(package(5).lltm, LLTM, example)
-
-
-@fuzz.settings(ci=400, long=5000)
-@given(fuzz.examples(LLTM, fuzz.lltm_cases()))
-def test_lltm_extops(example):
-    fuzz.check(production().lltm, LLTM, example)
-
-
-@fuzz.settings(ci=250, long=2500)
-@given(fuzz.examples(DEFORM, fuzz.deform_conv2d_cases()))
-def test_deform_conv2d_extops(example):
-    fuzz.check(production().deform_conv2d, DEFORM, example)
+def test_every_op_is_fuzzed_somewhere():
+    """Each op of the workbook has a fuzz strategy and a stage to run it in: none is left out."""
+    fuzzed = {i.op for i in IMPLEMENTATIONS}
+    assert fuzzed == set(ops.names()), f"not fuzzed: {sorted(set(ops.names()) - fuzzed)}"
 
 
 @pytest.mark.parametrize("layout", sorted(fuzz.STORES))

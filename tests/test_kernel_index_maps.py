@@ -1,10 +1,10 @@
 """What the emulated CUDA device cannot check of the kernels' launches and index maps, replayed.
 
 The CUDA tests run every kernel's own source on the emulated device where no GPU is visible
-(workbook/emulate.py): every block and thread of the real launch, against the float64 reference,
-with ASan under `make sanitize`. That retired the replays of this file that mirrored a launch at
-its real limits (each output element written once at the cases the CUDA tests run: stage 04's
-flat map, stage 05's grid, stage 07's chunks at the real column budget and kMaxBlocks). What is
+(workbook/build/emulate.py): every block and thread of the real launch, against the float64
+reference, with ASan under `make sanitize`. That retired the replays of this file that mirrored a
+launch at its real limits (each output element written once at the cases the CUDA tests run: stage
+04's flat map, stage 05's grid, stage 07's chunks at the real column budget and kMaxBlocks). What is
 left is what the emulation cannot reach at a size a CPU runs in seconds, because it lives behind
 a constant or a size the tests cannot change:
 
@@ -34,10 +34,10 @@ import pytest
 import torch
 
 from workbook import ops
+from workbook.build.stages import STAGES_DIR
 from workbook.ops import deform_conv2d as deform_op
 from workbook.ops import lltm as lltm_op
-from workbook.opspec import Case
-from workbook.stages import STAGES_DIR
+from workbook.ops.spec import Case
 
 STAGE_04 = STAGES_DIR / "04_cuda_raw" / "csrc" / "lltm_cuda.cu"
 STAGE_05 = STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cuda.cu"

@@ -1,20 +1,22 @@
-"""The hostile-input matrices (workbook/matrix.py): every row of every op's table, in every mode
-the op supports (eager, meta, compile), each run in a child process, so that a crash fails its
+"""The hostile-input matrices (workbook/net/matrix.py): every row of every op's table, in every
+mode the op supports (eager, meta, compile), each run in a child process, so that a crash fails its
 row and the rest still run. One test per row and mode; the tables run once, two at a time, the
 first time a test asks for them.
 
-`python -m workbook.matrix --list` prints the tables; `python -m workbook.matrix lltm@5` runs one.
+`python -m workbook.net.matrix --list` prints the tables; `python -m workbook.net.matrix
+lltm@5` runs one.
 """
 
 import os
 
 import pytest
 
-from workbook import matrix
+from workbook.net import matrix
 
+TARGETS = matrix.targets()  # every op, wherever a stage implements it on the CPU
 PARAMS = [pytest.param(target, row, mode, id=f"{target.key}-{row.name}-{mode}")
-          for target in matrix.TARGETS for row in matrix.table(target.op)
-          for mode in matrix.MODES if mode in row.modes and mode in target.modes]
+          for target in TARGETS for row in matrix.table(target.op)
+          for mode in matrix.MODES if mode in row.modes and mode in matrix.modes_of(target)]
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +32,7 @@ def test_row(results, target, row, mode):
                       f"got {result.detail}"
 
 
-@pytest.mark.parametrize("target", matrix.TARGETS, ids=lambda t: t.key)
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.key)
 def test_every_table_has_at_least_40_rows(target):
     rows = matrix.table(target.op)
     assert len(rows) >= 40, f"{target.key}: {len(rows)} rows"
@@ -43,7 +45,7 @@ def test_every_table_has_at_least_40_rows(target):
 def test_a_crash_fails_its_row_and_the_rest_still_run(monkeypatch):
     # The child aborts (SIGABRT, as a segfault would end it) on one row; the parent records that
     # row as crashed and starts a new child for the rows after it.
-    target = next(t for t in matrix.TARGETS if t.key == "z2xy@1")
+    target = next(t for t in TARGETS if t.key == "z2xy@1")
     rows = matrix.table(target.op)
     victim = rows[3]
     env = dict(os.environ, WORKBOOK_MATRIX_CRASH=f"{victim.name}:eager")

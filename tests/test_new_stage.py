@@ -1,13 +1,17 @@
-"""`make new-stage NAME=...` gives a stage that builds and passes its tests, in a copy of the
-repository (built and tested there, then removed with the temporary folder)."""
+"""`make new-stage NAME=...` gives a stage that builds and passes its tests, and an op that the
+hostile-input matrix, the fuzzer, the concurrency test and the benchmark cover with no edit
+outside its two folders; in a copy of the repository (built and tested there, then removed with
+the temporary folder)."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from workbook import stages, testing
+from workbook import testing
+from workbook.build import stages
 
 
 @pytest.mark.template
@@ -30,11 +34,29 @@ def test_new_stage_builds_and_passes_its_tests(tmp_path):
                  "csrc/cpu/scale_add_cpu.cpp", "csrc/cuda/scale_add_cuda.cu",
                  "scale_add/__init__.py"):
         assert (folder / part).is_file(), f"new-stage wrote no {part}"
-    assert (copy / "common" / "workbook" / "ops" / "scale_add.py").is_file()
+    op_folder = copy / "common" / "workbook" / "ops" / "scale_add"
+    for part in ("__init__.py", "reference.py", "matrix.py", "fuzz.py", "bench.py"):
+        assert (op_folder / part).is_file(), f"new-stage wrote no ops/scale_add/{part}"
 
     run(sys.executable, "-m", "workbook.build", str(number))
-    tested = run(sys.executable, "-m", "workbook.suite", str(number))
+    tested = run(sys.executable, "-m", "workbook.testing.suite", str(number))
     assert f"ok   stage {number} ({folder.name})" in tested
+
+    # The reliability net and the benchmark cover the new op with no edit outside its two
+    # folders: each finds the op and the stage that implements it on disk.
+    key = f"scale_add@{number}"
+    matrix = run(sys.executable, "-m", "workbook.net.matrix", key)
+    assert f"[matrix] {key}:" in matrix and "[matrix] all passed" in matrix, matrix[-2000:]
+    fuzzed = run(sys.executable, "-m", "pytest", "-q", "tests/test_fuzz.py", "-k",
+                 f"scale_add_at_stage_{number:02d}")
+    assert "1 passed" in fuzzed, fuzzed[-2000:]
+    threads = run(sys.executable, "-m", "pytest", "-q", "tests/test_concurrency.py", "-k", key)
+    assert "2 passed" in threads, threads[-2000:]
+    out = tmp_path / "bench"
+    run(sys.executable, "bench/run.py", "--op", "scale_add", "--smoke", "--device", "cpu",
+        "--out", str(out))
+    report = json.loads(next((out / "scale_add").glob("*.json")).read_text())
+    assert any(row["impl"] == f"stage{number:02d}" for row in report["results"]), report["skipped"]
     # The README's stage table gained the row, and the notebook stub runs.
     run(sys.executable, "-m", "pytest", "-q", "tests/test_stages.py::"
         "test_readme_stage_table_matches_the_stage_folders")

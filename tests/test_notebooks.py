@@ -20,8 +20,9 @@ import sys
 
 import pytest
 
-from workbook import exercises, stages
-from workbook.notebook import pythonpath_with_common
+from workbook.build import stages
+from workbook.teaching import exercises
+from workbook.teaching.notebook import pythonpath_with_common
 
 REPO = stages.REPO
 RUNNER = REPO / "scripts" / "run_notebooks.py"
@@ -99,7 +100,8 @@ def images_in(executed) -> int:
 
 def times_something(path) -> bool:
     """Whether a notebook times code (ops or builds): its figures then want a quiet machine, and
-    `make test` runs it when no other test runs (workbook.suite); the others run beside them."""
+    `make test` runs it when no other test runs (workbook.testing.suite); the others run beside
+    them."""
     cells = json.loads(path.read_text())["cells"]
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     return any(word in code for word in ("timing.", "perf_counter", "nb.sweep("))

@@ -1,8 +1,8 @@
-"""The sanitizer pass (workbook.sanitize, `make sanitize`): its flags, its choice of stages, and
-that a report would be seen.
+"""The sanitizer pass (workbook.net.sanitize, `make sanitize`): its flags, its choice of stages,
+and that a report would be seen.
 
 The pass itself takes minutes and runs in CI as a step of its own. What is checked here, in
-seconds, is the chain it rests on: code compiled with build.sanitizer_flags(), loaded by a
+seconds, is the chain it rests on: code compiled with compiler.sanitizer_flags(), loaded by a
 Python that preloads the runtimes with the pass's options, writes a report for a planted memory
 error and a planted signed overflow (under setuptools' -fwrapv too), the process stops, and the
 report is found in the output. No torch in the planted library: a plain C function called
@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from workbook import build, sanitize, stages
+from workbook.build import builder, compiler, stages
+from workbook.net import sanitize
 
 PLANTED = r"""
 #include <climits>
@@ -58,7 +59,7 @@ def planted(tmp_path_factory):
     (folder / "planted.cpp").write_text(PLANTED)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WORKBOOK_SANITIZE", "1")
-        flags = build.sanitizer_flags()
+        flags = compiler.sanitizer_flags()
     library = folder / "libplanted.so"
     subprocess.run(["g++", "-fPIC", "-shared", "-fwrapv", *flags, "planted.cpp", "-o",
                     library.name], cwd=folder, check=True)
@@ -78,12 +79,12 @@ def call(planted, function: str) -> tuple[subprocess.CompletedProcess, list[str]
 
 def test_flags_only_when_asked(monkeypatch):
     monkeypatch.delenv("WORKBOOK_SANITIZE", raising=False)
-    assert build.sanitizer_flags() == []
-    assert not any("sanitize" in flag for flag in build.cxx_flags())
+    assert compiler.sanitizer_flags() == []
+    assert not any("sanitize" in flag for flag in compiler.cxx_flags())
     monkeypatch.setenv("WORKBOOK_SANITIZE", "1")
-    assert "-fsanitize=address,undefined,float-cast-overflow" in build.cxx_flags()
+    assert "-fsanitize=address,undefined,float-cast-overflow" in compiler.cxx_flags()
     # In the build record too: an instrumented library is never taken for an ordinary one.
-    assert "-fsanitize=address" in build.build_record()
+    assert "-fsanitize=address" in builder.build_record()
 
 
 def test_a_clean_call_reports_nothing(planted):

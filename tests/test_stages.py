@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from workbook import stages, testing
+from workbook import testing
+from workbook.build import stages
 
 REPO = stages.REPO
 README = REPO / "README.md"
@@ -18,7 +19,7 @@ def test_readme_stage_table_matches_the_stage_folders():
     table = stages.readme_table()
     assert table in README.read_text(), (
         "README.md's stage table does not match the stage folders; it should read:\n\n"
-        f"{table}\n\n(python -m workbook.stages --readme-table prints it)")
+        f"{table}\n\n(python -m workbook.build.stages --readme-table prints it)")
 
 
 def test_every_stage_has_tests_a_readme_and_a_notebook():
@@ -87,12 +88,12 @@ def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
         return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    listed = run("-m", "workbook.stages", "--numbers")
+    listed = run("-m", "workbook.build.stages", "--numbers")
     assert listed.returncode == 0 and "42" in listed.stdout.split(), listed.stdout + listed.stderr
     built = run("-m", "workbook.build", "42")
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "build" / "stages" / "42_z2xy_again" / "lib" / "z2xy").is_dir()
-    tested = run("-m", "workbook.suite", "42")
+    tested = run("-m", "workbook.testing.suite", "42")
     assert tested.returncode == 0, tested.stdout[-3000:]
     assert "stage 42 (42_z2xy_again)" in tested.stdout and " passed" in tested.stdout
     table = run("-m", "pytest", "-q", "tests/test_stages.py::"

@@ -1,5 +1,5 @@
-"""The test suite's runner (workbook.suite): which parts run side by side, in what order, with
-how many threads, and what a failing part reports. Real pytest processes on tiny test files."""
+"""The test suite's runner (workbook.testing.suite): which parts run side by side, in what order,
+with how many threads, and what a failing part reports. Real pytest processes on tiny test files."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from workbook import suite
+from workbook.testing import suite
 
 
 def part(label, alone=False):

@@ -1,6 +1,6 @@
-"""The timing guards of make demo and make bench (workbook/timing.py): the load monitor sees a CPU
-hog beside it and does not take this process's own work for someone else's; the verdict calls a
-busy machine busy and the demo's lines then mark their ratios unreliable; the thread chooser stays
+"""The timing guards of make demo and make bench (workbook/measure/timing.py): the load monitor sees
+a CPU hog beside it and does not take this process's own work for someone else's; the verdict calls
+a busy machine busy and the demo's lines then mark their ratios unreliable; the thread chooser stays
 within 1 and the cores there are; the interleaved comparison gives one result per implementation,
 with a noise and ratios that agree with its medians.
 
@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from workbook import stages, timing
+from workbook.build import stages
+from workbook.measure import timing
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
 

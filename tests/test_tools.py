@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook import build
+from workbook.build import builder, stages
 
 REPO = Path(__file__).resolve().parents[1]
 FIX_ABI = REPO / "scripts" / "fix_abi.sh"
@@ -60,7 +60,7 @@ def run(cmd, env, timeout=120) -> subprocess.CompletedProcess:
 
 @needs_binutils
 def test_wrong_abi_round_trip(monkeypatch, tmp_path):
-    lesson = build.build_root() / "abi-lesson"
+    lesson = stages.build_root() / "abi-lesson"
     shutil.rmtree(lesson, ignore_errors=True)
     env = tool_env(WORKBOOK_BUILD_DIR=str(lesson))
     lib_dir = lesson / "stages" / "01_z2xy" / "lib"
@@ -75,9 +75,9 @@ def test_wrong_abi_round_trip(monkeypatch, tmp_path):
     # ... which counts as out of date once the switch is unset (mtimes alone would say otherwise).
     monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(lesson))
     monkeypatch.setenv("WORKBOOK_CXX11_ABI", str(OTHER_ABI))
-    assert build.is_up_to_date(build.stage(1))
+    assert builder.is_up_to_date(stages.get(1))
     monkeypatch.delenv("WORKBOOK_CXX11_ABI")
-    assert not build.is_up_to_date(build.stage(1))
+    assert not builder.is_up_to_date(stages.get(1))
 
     # 2. ... and importing it fails with the classic undefined symbol.
     failed = run([sys.executable, "-c", IMPORT_AND_GRADCHECK, lib_dir], env)
@@ -112,7 +112,7 @@ def test_wrong_abi_round_trip(monkeypatch, tmp_path):
     recheck = run(["bash", FIX_ABI, "--check", "1"], env)
     assert recheck.returncode == 0
     assert "OK: consistent with torch" in recheck.stdout
-    assert build.is_up_to_date(build.stage(1))
+    assert builder.is_up_to_date(stages.get(1))
 
 
 def doctor_lines(env) -> tuple[subprocess.CompletedProcess, dict[str, str]]:

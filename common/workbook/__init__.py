@@ -1,23 +1,19 @@
-"""The workbook's shared Python: what every stage, test, notebook and tool uses, written once.
+"""The workbook's shared Python: what every stage, test, notebook and tool uses, written once,
+in one package per role.
 
-    stages      the stages, found on disk (stages/NN_name/stage.toml)
-    build       building and importing a stage: build folder, flags, C++11 ABI, MAX_JOBS
-    toolkit     finding (or installing from pip) a CUDA toolkit that matches torch
-    ops         one descriptor per op (ops/lltm.py, ops/deform_conv2d.py, ...)
-    opspec      what a descriptor is (OpSpec, Case, Sample, BadInput) and the one comparison
-                with the float64 reference (compare)
-    reference   plain PyTorch versions of every op: the references and the eager baselines
-    testing     the shared test base: the checks every stage's tests call
-    suite       the test runner: a pytest process per stage and for tests/, side by side
-    matrix      hostile-input tables per op, each row run eager, on meta and compiled, in a
-                child process (tests/test_matrix.py)
-    fuzz        hypothesis strategies for the ops' inputs (tests/test_fuzz.py, make fuzz)
-    sanitize    the stages built with ASan+UBSan and tested on it (make sanitize)
-    exercises   exercises carved from the stages' sources: list, carve, check, reveal
-    lltm        the autograd.Function and nn.Module of the pybind11 LLTM stages (02-04)
-    timing      timing primitives (torch.utils.benchmark medians, IQR)
-    notebook    the notebooks' helpers (source excerpts, commands, tables, sweeps, plots)
-    pictures    the notebooks' pictures, each checked against real tensors before it is drawn
+    build/      building the stages and importing them: stage discovery (stage.toml), compiler
+                flags, CUDA toolkit, the emulated CUDA device, `python -m workbook.build`
+    ops/        everything the workbook knows about each op, one folder per op
+                (ops/<op>/: descriptor, float64 reference, bad inputs and matrix rows, fuzz
+                strategies, benchmark), and what a descriptor is (ops/spec.py)
+    testing/    the shared test base every stage's tests call (testing/__init__.py), the suite
+                runner, and the reliability net: hostile-input matrix, fuzzing, concurrency,
+                sanitizers
+    teaching/   the notebooks' helpers and pictures, and the exercises carved from the stages
+    measure/    timing primitives and the benchmark harness (the demo, notebooks, make bench)
+
+No module imports one of a package that imports it back: build/ needs nothing else of the
+workbook; ops/ needs build/; testing/, teaching/ and measure/ need ops/ and build/.
 
 Installed in editable mode into the Makefile's .venv (scripts/bootstrap.sh); with PYTHON=, the
 Makefile puts common/ on PYTHONPATH.

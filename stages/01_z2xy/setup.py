@@ -1,13 +1,13 @@
 """Build stage 01 ahead of time: `make stage 1`, or from this folder `python setup.py build`.
 
-The build goes under the repository's build/ folder (see common/workbook/build.py), never into
-the source tree.
+The build goes under the repository's build/ folder (see common/workbook/build/compiler.py), never
+into the source tree.
 """
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-from workbook import build
+from workbook.build import compiler
 
 setup(
     name="z2xy",
@@ -17,10 +17,10 @@ setup(
         CppExtension(
             "z2xy._C",
             ["csrc/z2xy.cpp", "csrc/bindings.cpp"],
-            include_dirs=build.include_dirs(),
-            extra_compile_args=build.cxx_flags(),
+            include_dirs=compiler.include_dirs(),
+            extra_compile_args=compiler.cxx_flags(),
         )
     ],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options(__file__),
+    options=compiler.setup_options(__file__),
 )

@@ -1,8 +1,8 @@
 """Stage 01: z = 2x + y against its float64 reference, on the shared test base.
 
 Each test names what it runs over in its parametrize line; the checks themselves live once, in
-common/workbook/testing.py, and the op's inputs, reference and bad inputs in
-common/workbook/ops/z2xy.py.
+common/workbook/testing/__init__.py, and the op's inputs, reference and bad inputs in
+common/workbook/ops/z2xy/.
 """
 
 import functools
@@ -10,19 +10,21 @@ import functools
 import pytest
 import torch
 
-from workbook import ops, stages, testing
+from workbook import ops, testing
+from workbook.build import stages
+from workbook.build.loader import import_stage
 
 SPEC = ops.get("z2xy")
 STAGE = stages.here(__file__)
 DTYPES = (torch.float32, torch.float64)
 
 
-# Built and imported on first use, then kept: STAGE.load() looks over the build's sources each
-# time (about a millisecond), which gradcheck, calling the op thousands of times, would pay on
+# Built and imported on first use, then kept: import_stage(STAGE) looks over the build's sources
+# each time (about a millisecond), which gradcheck, calling the op thousands of times, would pay on
 # every call.
 @functools.cache
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def z2xy(*args, **kwargs):

@@ -1,7 +1,8 @@
 """Stage 02: the LLTM cell in ATen C++ (setuptools build) against the float64 reference.
 
-The sizes, the reference and the bad inputs are the LLTM descriptor's (common/workbook/ops/lltm.py),
-shared by every LLTM stage; the checks are the shared test base's (common/workbook/testing.py).
+The sizes, the reference and the bad inputs are the LLTM descriptor's (common/workbook/ops/lltm/),
+shared by every LLTM stage; the checks are the shared test base's
+(common/workbook/testing/__init__.py).
 """
 
 import functools
@@ -9,7 +10,9 @@ import functools
 import pytest
 import torch
 
-from workbook import ops, stages, testing
+from workbook import ops, testing
+from workbook.build import stages
+from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
 
 SPEC = ops.get("lltm")
@@ -19,7 +22,7 @@ DTYPES = (torch.float32, torch.float64)
 
 @functools.cache  # imported on first use, then kept: gradcheck calls the op thousands of times
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def lltm(*args, **kwargs):

@@ -9,9 +9,9 @@ trying an idea in a notebook; for anything you keep, put the C++ in a file (stag
 
 from __future__ import annotations
 
-from workbook import build
+from workbook.build import compiler
 
-build.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
+compiler.prepare()  # ninja on PATH, CUDA_HOME: torch's extension builder reads both on import
 
 import torch  # noqa: E402
 from torch.utils.cpp_extension import load_inline  # noqa: E402
@@ -36,9 +36,9 @@ def load_z2xy_inline(verbose: bool = False):
         name="z2xy_inline",
         cpp_sources=[CPP_SOURCE],
         functions=["z2xy"],
-        extra_include_paths=build.include_dirs(),
-        extra_cflags=build.cxx_flags(),
-        build_directory=str(build.jit_dir("z2xy_inline")),
+        extra_include_paths=compiler.include_dirs(),
+        extra_cflags=compiler.cxx_flags(),
+        build_directory=str(compiler.jit_dir("z2xy_inline")),
         verbose=verbose,
     )
 

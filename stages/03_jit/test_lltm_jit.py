@@ -11,7 +11,9 @@ import os
 import pytest
 import torch
 
-from workbook import build, ops, stages, testing
+from workbook import ops, testing
+from workbook.build import compiler, stages
+from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
 
 SPEC = ops.get("lltm")
@@ -20,7 +22,7 @@ STAGE = stages.here(__file__)
 
 @functools.cache  # imported on first use, then kept: gradcheck calls the op thousands of times
 def lltm_jit():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def lltm(*args, **kwargs):
@@ -60,13 +62,13 @@ def test_bad_input(device, bad):
 
 
 def built_library(name):
-    return build.jit_dir(name) / f"{name}.so"
+    return compiler.jit_dir(name) / f"{name}.so"
 
 
 def test_build_lands_in_build_folder():
     lltm_jit()
-    folder = build.jit_dir("lltm_jit")
-    assert folder.is_relative_to(build.build_root())
+    folder = compiler.jit_dir("lltm_jit")
+    assert folder.is_relative_to(stages.build_root())
     assert (folder / "build.ninja").is_file()
     assert built_library("lltm_jit").is_file()
 
@@ -97,5 +99,5 @@ def test_load_inline_and_rebuild_after_edit():
         example.CPP_SOURCE = original
     assert second is not first
     assert second.__name__ != first.__name__  # z2xy_inline_v1, z2xy_inline_v2, ...
-    assert (build.jit_dir("z2xy_inline") / f"{second.__name__}.so").is_file()
+    assert (compiler.jit_dir("z2xy_inline") / f"{second.__name__}.so").is_file()
     torch.testing.assert_close(second.z2xy(x, y), 2 * x + y)

@@ -10,9 +10,9 @@ import sys
 
 from setuptools import setup
 
-from workbook import build, toolkit
+from workbook.build import compiler, toolkit
 
-if build.cuda_toolkit() is None:  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+if compiler.cuda_toolkit() is None:  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
     sys.exit(f"stage 04 needs a CUDA toolkit: {toolkit.reason()}")
 
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
@@ -25,10 +25,10 @@ setup(
         CUDAExtension(
             "lltm_cuda_raw._C",
             ["csrc/lltm.cpp", "csrc/lltm_cuda.cu"],
-            include_dirs=build.include_dirs(),
-            extra_compile_args={"cxx": build.cxx_flags(), "nvcc": build.nvcc_flags()},
+            include_dirs=compiler.include_dirs(),
+            extra_compile_args={"cxx": compiler.cxx_flags(), "nvcc": compiler.nvcc_flags()},
         )
     ],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options(__file__),
+    options=compiler.setup_options(__file__),
 )

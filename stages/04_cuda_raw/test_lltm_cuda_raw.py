@@ -12,18 +12,20 @@ nvcc every test is skipped with the reason.
 import pytest
 import torch
 
-from workbook import build, ops, stages, testing
+from workbook import ops, testing
+from workbook.build import builder, stages
+from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
-CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.emulate)
+CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.build.emulate)
 
 
 def module():
     try:
-        return STAGE.load()
-    except build.StageSkipped as skipped:
+        return import_stage(STAGE)
+    except builder.StageSkipped as skipped:
         pytest.skip(str(skipped))
 
 
@@ -61,7 +63,7 @@ def test_imports_with_both_functions():
     m = module()
     assert callable(m._C.forward) and callable(m._C.backward)
     assert issubclass(m.LLTM, torch.nn.Module)
-    assert m.__file__.startswith(str(build.build_root()))
+    assert m.__file__.startswith(str(stages.build_root()))
 
 
 def test_cpu_tensors_are_refused_naming_the_argument():
@@ -84,7 +86,7 @@ def test_cpu_tensors_are_refused_naming_the_argument():
 @testing.requires_cuda
 def test_matches_the_cpu_extension_of_stage_02():
     testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029),
-                                   cpu_fn=stages.get(2).load().lltm)
+                                   cpu_fn=import_stage(stages.get(2)).lltm)
 
 
 @testing.requires_gpu("CUDA graph capture")

@@ -12,39 +12,39 @@ keep build/ and *.egg-info out of this folder. Without a toolkit, lltm is built 
 
 from setuptools import setup
 
-from workbook import build, toolkit
+from workbook.build import compiler, toolkit
 
-found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+found = compiler.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 # The CPU kernel runs on at::parallel_for, which is OpenMP inside torch's headers (without
 # -fopenmp it would compile to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
 cpu_sources = ["csrc/lltm.cpp", "csrc/lltm_cpu.cpp"]
-cxx_flags = build.cxx_flags() + build.openmp_flags() + build.cpu_simd_flags()
+cxx_flags = compiler.cxx_flags() + compiler.openmp_flags() + compiler.cpu_simd_flags()
 # The kernel files register into the library named here (torch.ops.lltm.*); stage 06 compiles
 # them into its own (OPS_NAMESPACE=extops).
 library = [("OPS_NAMESPACE", "lltm")]
 if found:
     print(f"building lltm with CUDA kernels: {found}, for TORCH_CUDA_ARCH_LIST="
-          f"{build.cuda_arch_list()}")
+          f"{compiler.cuda_arch_list()}")
     extension = CUDAExtension(
         "lltm._C",
         cpu_sources + ["csrc/lltm_cuda.cu"],
-        include_dirs=build.include_dirs(),
+        include_dirs=compiler.include_dirs(),
         define_macros=library,
-        extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
-        extra_link_args=build.openmp_flags(),
+        extra_compile_args={"cxx": cxx_flags, "nvcc": compiler.nvcc_flags()},
+        extra_link_args=compiler.openmp_flags(),
     )
 else:
     print(f"CUDA toolkit not found ({toolkit.reason()}): building lltm CPU-only")
     extension = CppExtension(
         "lltm._C",
         cpu_sources,
-        include_dirs=build.include_dirs(),
+        include_dirs=compiler.include_dirs(),
         define_macros=library,
         extra_compile_args=cxx_flags,
-        extra_link_args=build.openmp_flags(),
+        extra_link_args=compiler.openmp_flags(),
     )
 
 setup(
@@ -55,5 +55,5 @@ setup(
     install_requires=["torch"],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options(__file__),
+    options=compiler.setup_options(__file__),
 )

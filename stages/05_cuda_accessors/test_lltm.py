@@ -16,17 +16,19 @@ ops), never `lltm` itself.
 import pytest
 import torch
 
-from workbook import ops, stages, testing, toolkit
+from workbook import ops, testing
+from workbook.build import stages, toolkit
+from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
-from workbook.opspec import Sample
+from workbook.ops.spec import Sample
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
-DEVICES = ["cpu", testing.CUDA]  # CUDA: a GPU, or the emulated CUDA device (workbook.emulate)
+DEVICES = ["cpu", testing.CUDA]  # CUDA: a GPU, or the emulated CUDA device (workbook.build.emulate)
 
 
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def lltm(*args, **kwargs):

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from setuptools import setup
 
-from workbook import build, toolkit
+from workbook.build import compiler, toolkit
 
-found = build.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+found = compiler.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
@@ -39,17 +39,17 @@ library = [("OPS_NAMESPACE", "extops")]  # the namespace the kernel files regist
 
 # The CPU kernels run on at::parallel_for, which is OpenMP inside torch's headers (without
 # -fopenmp it compiles to a serial loop), and on at::vec, which needs SIMD flags to be SIMD.
-cxx_flags = build.cxx_flags() + build.openmp_flags() + build.cpu_simd_flags()
+cxx_flags = compiler.cxx_flags() + compiler.openmp_flags() + compiler.cpu_simd_flags()
 if found:
     print(f"building extops with CUDA kernels ({len(cuda_sources)} .cu files): {found}, for "
-          f"TORCH_CUDA_ARCH_LIST={build.cuda_arch_list()}")
+          f"TORCH_CUDA_ARCH_LIST={compiler.cuda_arch_list()}")
     extension = CUDAExtension(
         "extops._C",
         cpp_sources + cuda_sources,
-        include_dirs=build.include_dirs(),
+        include_dirs=compiler.include_dirs(),
         define_macros=library,
-        extra_compile_args={"cxx": cxx_flags, "nvcc": build.nvcc_flags()},
-        extra_link_args=build.openmp_flags(),
+        extra_compile_args={"cxx": cxx_flags, "nvcc": compiler.nvcc_flags()},
+        extra_link_args=compiler.openmp_flags(),
     )
 else:
     print(f"CUDA toolkit not found ({toolkit.reason()}): building extops CPU-only, without "
@@ -57,10 +57,10 @@ else:
     extension = CppExtension(
         "extops._C",
         cpp_sources,
-        include_dirs=build.include_dirs(),
+        include_dirs=compiler.include_dirs(),
         define_macros=library,
         extra_compile_args=cxx_flags,
-        extra_link_args=build.openmp_flags(),
+        extra_link_args=compiler.openmp_flags(),
     )
 
 setup(
@@ -72,5 +72,5 @@ setup(
     install_requires=["torch"],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension},
-    options=build.setup_options(__file__),
+    options=compiler.setup_options(__file__),
 )

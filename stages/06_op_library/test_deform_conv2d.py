@@ -14,9 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook import ops, reference, stages, testing
+from workbook import ops, testing
+from workbook.build import stages
+from workbook.build.loader import import_stage
 from workbook.ops import deform_conv2d as deform_op
-from workbook.opspec import Case, OpSpec, Sample, compare
+from workbook.ops.deform_conv2d import reference
+from workbook.ops.spec import Case, OpSpec, Sample, compare
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)
@@ -26,7 +29,7 @@ torchvision_ops = pytest.importorskip(
 
 
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def deform_conv2d(*args, **kwargs):

@@ -31,8 +31,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook import ops, reference, stages, testing
-from workbook.notebook import pythonpath_with_common
+from workbook import ops, testing
+from workbook.build import stages
+from workbook.build.loader import import_stage
+from workbook.ops.deform_conv2d import reference
+from workbook.teaching.notebook import pythonpath_with_common
 
 STAGE = stages.here(__file__)
 DEFORM = ops.get("deform_conv2d")
@@ -42,7 +45,7 @@ torchvision_ops = pytest.importorskip(
 
 
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def script(obj):
@@ -69,8 +72,8 @@ def child_env():
 
 def run_child(code: str, *args: str, timeout: int = 600) -> str:
     """Run `code` in a fresh Python process that loads this stage's extops; its stdout."""
-    prelude = (f"import sys, torch\nfrom workbook import stages\n"
-               f"extops = stages.get({STAGE.number}).load()\n")
+    prelude = (f"import sys, torch\nfrom workbook.build.loader import import_stage\n"
+               f"extops = import_stage({STAGE.number})\n")
     proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code), *args],
                           env=child_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"

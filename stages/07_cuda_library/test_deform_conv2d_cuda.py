@@ -22,13 +22,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook import ops, reference, stages, testing, toolkit
+from workbook import ops, testing
+from workbook.build import stages, toolkit
+from workbook.build.loader import import_stage
 from workbook.ops import deform_conv2d as deform_op
-from workbook.opspec import BadInput, Case, OpSpec, Sample, compare, dtype_name
+from workbook.ops.deform_conv2d import reference
+from workbook.ops.spec import BadInput, Case, OpSpec, Sample, compare, dtype_name
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)
-CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.emulate)
+CUDA = [testing.CUDA]  # a GPU, or the emulated CUDA device (workbook.build.emulate)
 ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 MODES = ["atomic", "deterministic"]
 # How far two backward passes may differ in gradcheck: atomics add in a different order each
@@ -37,7 +40,7 @@ NONDET_TOL = {"atomic": 1e-12, "deterministic": 0.0}
 
 
 def package():
-    return STAGE.load()
+    return import_stage(STAGE)
 
 
 def deform_conv2d(*args, **kwargs):

@@ -50,8 +50,7 @@ inline ChunkPlan plan_chunks(const Geometry& g, int64_t bytes_per_position, int6
   const int64_t image_bytes = saturating_mul(bytes_per_position, positions);
   if (image_bytes <= budget_bytes && positions <= max_positions) {
     const int64_t images = budget_bytes / std::max<int64_t>(image_bytes, 1);
-    return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / positions}),
-            g.out_h};
+    return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / positions}), g.out_h};
   }
   const int64_t row = std::max<int64_t>(g.out_w, 1);
   const int64_t rows = budget_bytes / std::max<int64_t>(saturating_mul(bytes_per_position, row), 1);

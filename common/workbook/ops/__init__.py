@@ -1,33 +1,107 @@
-"""One descriptor per op (workbook.opspec.OpSpec), one module each: ``ops.get("lltm")``.
+"""Everything the workbook knows about its ops: one folder per op, found on disk.
 
-A module here defines ``OP``, the op's OpSpec: argument names, input maker, float64 reference,
-tolerances, gradcheck options, bad inputs. A stage's stage.toml names the ops it implements;
-its package exposes each as a function of the same name (``lltm.lltm``, ``extops.deform_conv2d``).
+    ops/<op>/__init__.py    the descriptor, OP (workbook.ops.spec.OpSpec): argument names, input
+                            maker, cases, tolerances, gradcheck options, the bad inputs it refuses
+    ops/<op>/reference.py   the op in plain PyTorch: the float64 reference, the eager baseline
+    ops/<op>/matrix.py      its rows of the hostile-input matrix (workbook.net.matrix)
+    ops/<op>/fuzz.py        how hypothesis draws its sizes (workbook.net.fuzz)
+    ops/<op>/bench.py       its benchmark: configurations, baselines, targets (make bench)
+
+``ops.get("lltm")`` is the descriptor. The stages that implement an op say so in their
+stage.toml (``ops = [...]``), and their packages expose it as a function of the same name
+(``lltm.lltm``, ``extops.deform_conv2d``); `implementations` pairs the two, for every tool that
+runs each op wherever it is implemented. Nothing else lists the ops or the stages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
+from pathlib import Path
+from types import ModuleType
 
-from ..opspec import OpSpec
-
-
-def module(name: str):
-    """The descriptor module of op `name`: workbook/ops/<name>.py."""
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-        raise LookupError(f"no descriptor for op {name!r}: expected common/workbook/ops/{name}.py; "
-                          f"known: {', '.join(names())}") from None
+from workbook.build import stages
+from workbook.build.stages import Stage
+from workbook.ops.spec import OpSpec
 
 
-def get(name: str) -> OpSpec:
-    """The descriptor of op `name` (the OP of workbook/ops/<name>.py)."""
-    return module(name).OP
+def folder(name: str) -> Path:
+    """common/workbook/ops/<name>/: everything the workbook knows about op `name`."""
+    return Path(__file__).resolve().parent / name
 
 
 def names() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    """The ops: the folders here."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if m.ispkg and not m.name.startswith("_"))
+
+
+def module(name: str) -> ModuleType:
+    """The descriptor module of op `name`: workbook/ops/<name>/__init__.py."""
+    if name not in names():
+        raise LookupError(f"no op {name!r}: expected a folder common/workbook/ops/{name}/ "
+                          f"whose __init__.py defines OP; known: {', '.join(names())}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def part(name: str, what: str) -> ModuleType | None:
+    """One part of op `name`'s folder (`what`: "matrix", "fuzz", "bench"), or None where the
+    op has none."""
+    if not (folder(name) / f"{what}.py").is_file():
+        return None
+    return importlib.import_module(f"{__name__}.{name}.{what}")
+
+
+def get(name: str) -> OpSpec:
+    """The descriptor of op `name` (the OP of workbook/ops/<name>/)."""
+    return module(name).OP
+
+
+# ----------------------------------------------------------------------------------------------
+# Where each op is implemented
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One op as one stage's package provides it: its functional form, `package.<op>`."""
+
+    op: str
+    stage: Stage
+
+    @property
+    def key(self) -> str:
+        """op@stage, as tests and commands name it: "lltm@5"."""
+        return f"{self.op}@{self.stage.number}"
+
+    @property
+    def spec(self) -> OpSpec:
+        return get(self.op)
+
+    @property
+    def traceable(self) -> bool:
+        """Registered as a dispatcher op with a fake kernel (torch.library), so that it runs on
+        meta tensors and traces whole under torch.compile(fullgraph=True); a pybind11 function
+        (stages 01-04) does neither: a graph break."""
+        return self.stage.registers_ops
+
+    def function(self):
+        """The functional form, from the stage's package (built and imported first)."""
+        from workbook.build.loader import import_stage
+
+        return getattr(import_stage(self.stage), self.op)
+
+
+def implementations(op: str | None = None, device: str = "cpu") -> list[Implementation]:
+    """Every op (or `op`) in every package that provides it, where it runs on `device`.
+
+    A package built by several stages (stage 07 builds stage 06's `extops` with more kernels) is
+    taken from the newest of them: one process can import a package once, and the newest is the
+    one people install. Stages that run elsewhere only (stage 04: CUDA) are left out.
+    """
+    newest: dict[str, Stage] = {}
+    for s in stages.all_stages():
+        if device in s.devices:
+            newest[s.package] = s
+    return [Implementation(name, s) for s in sorted(newest.values(), key=lambda s: s.number)
+            for name in s.ops if op in (None, name)]

@@ -64,6 +64,8 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
   workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CPU);
 
   // EXERCISE lltm-forward: G = [h, x] W^T + b, then c' and h' (the cell above); return {h', c', G}
+  // checked by: test_lltm_cpp.py::test_against_reference,
+  //   ::test_forward_records_nothing_without_grad, ::test_layouts
   const auto X = at::cat({old_h, input}, /*dim=*/1);
   const auto gates = at::addmm(bias, X, weights.t());  // b + X W^T, one GEMM
 
@@ -89,6 +91,8 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                         c10::DeviceType::CPU);
 
   // EXERCISE lltm-backward: the 5 gradients: through c' and h' to dG, then through G = X W^T + b
+  // checked by: test_lltm_cpp.py::test_against_reference, ::test_gradcheck,
+  //   ::test_requires_grad_of_one
   const auto chunks = gates.chunk(3, /*dim=*/1);
   const auto input_gate = at::sigmoid(chunks[0]);
   const auto output_gate = at::sigmoid(chunks[1]);

@@ -66,6 +66,8 @@ __global__ void lltm_forward_kernel(const scalar_t* __restrict__ gates,
                                     index_t state, index_t numel) {
   using opmath_t = at::opmath_type<scalar_t>;
   // EXERCISE cuda-forward-kernel: element n = (b, s): new_cell[n] and new_h[n] from its 3 gates
+  // checked by: test_lltm_cuda_raw.py::test_against_reference,
+  //   ::test_matches_the_cpu_extension_of_stage_02, ::test_edge_cases
   const index_t n = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= numel) return;
   const index_t b = n / state, s = n - b * state;
@@ -94,6 +96,7 @@ __global__ void lltm_backward_kernel(const scalar_t* __restrict__ grad_h,
                                      index_t numel) {
   using opmath_t = at::opmath_type<scalar_t>;
   // EXERCISE cuda-backward-kernel: element n = (b, s): d_old_cell[n] and its 3 d_gates (see above)
+  // checked by: test_lltm_cuda_raw.py::test_against_reference, ::test_gradcheck
   const index_t n = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= numel) return;
   const index_t b = n / state, s = n - b * state;
@@ -128,6 +131,7 @@ __global__ void lltm_backward_kernel(const scalar_t* __restrict__ grad_h,
 // launch).
 unsigned int blocks_for(int64_t numel) {
   // EXERCISE cuda-launch: how many blocks of kThreads cover numel elements (at most INT32_MAX)
+  // checked by: test_lltm_cuda_raw.py::test_against_reference, ::test_edge_cases
   const int64_t blocks = workbook::ceil_div<int64_t>(numel, kThreads);
   TORCH_CHECK(blocks <= INT32_MAX, "lltm: ", numel, " elements need more than 2^31 - 1 blocks");
   return static_cast<unsigned int>(blocks);

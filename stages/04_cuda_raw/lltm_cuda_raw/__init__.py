@@ -3,10 +3,10 @@
 The extension (csrc/lltm.cpp, the checks and bindings, and csrc/lltm_cuda.cu, the kernels)
 provides `forward` and `backward` with stage 02's interface, for CUDA tensors only; the
 autograd.Function and the nn.Module around them are shared with stages 02 and 03 and live in
-common/workbook/lltm.py.
+common/workbook/ops/lltm/pybind.py.
 """
 
-from workbook.lltm import bind
+from workbook.ops.lltm.pybind import bind
 
 from . import _C
 

@@ -99,6 +99,8 @@ template <typename scalar_t>
 void lltm_forward_kernel(const scalar_t* gates, const scalar_t* old_cell, scalar_t* new_h,
                          scalar_t* new_cell, int64_t batch, int64_t state) {
   // EXERCISE cpu-fused-kernel: new_cell, new_h of every (b, s) in one pass, via parallel_over_rows
+  // checked by: test_lltm.py::test_against_reference, ::test_forward_records_nothing_without_grad,
+  //   ::test_layouts, ::test_edge_cases
   using opmath_t = at::opmath_type<scalar_t>;
   parallel_over_rows(batch, state, [&](int64_t b, int64_t s_begin, int64_t s_end) {
     const scalar_t* input_gates = gates + b * 3 * state;

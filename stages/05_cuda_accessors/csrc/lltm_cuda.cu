@@ -93,6 +93,7 @@ __global__ void lltm_forward_kernel(InputMatrix<scalar_t, index_t> gates,
                                     Matrix<scalar_t, index_t> new_cell) {
   using opmath_t = at::opmath_type<scalar_t>;
   // EXERCISE accessor-kernel: new_h[b][s], new_cell[b][s] via the accessors: s on x, rows b on y
+  // checked by: test_lltm.py::test_against_reference, ::test_cuda_matches_cpu, ::test_edge_cases
   const index_t batch = old_cell.size(0), state = old_cell.size(1);
   const index_t s = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= state) return;

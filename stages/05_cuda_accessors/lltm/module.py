@@ -1,7 +1,7 @@
 """lltm.LLTM: the cell as an nn.Module that owns its weights.
 
-The same module as common/workbook/lltm.py gives stages 02-04, written again on purpose: this
-package is installed and imported on its own, so it may depend on torch alone, not on the
+The same module as common/workbook/ops/lltm/pybind.py gives stages 02-04, written again on purpose:
+this package is installed and imported on its own, so it may depend on torch alone, not on the
 workbook's helpers.
 """
 

@@ -74,6 +74,8 @@ def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
 @torch.library.register_fake("lltm::lltm_forward")
 def _forward_fake(input, weights, bias, old_h, old_cell):
     # EXERCISE library-registration: the fake kernel: the C++ checks, then the empty outputs
+    # checked by: test_lltm.py::test_opcheck_forward, ::test_meta_inputs_run_the_fake_kernels,
+    #   ::test_bad_input, ::test_compile_fullgraph_matches_eager
     op = "lltm"
     _check_same_dtype_and_device(op, _FORWARD_NAMES, (input, weights, bias, old_h, old_cell))
     _check_dim(op, "input", input, 2, "(batch, features)")

@@ -213,6 +213,8 @@ void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T*
       const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
       for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
         // EXERCISE bilinear-sample: entry e: base[e] (corner c0's pixel), weight[4e + c] = mask w_c
+        // checked by: test_deform_conv2d.py::test_against_reference,
+        //   ::test_zero_offsets_and_unit_mask_are_a_convolution, ::test_matches_torchvision
         const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
         const int64_t e = t * GK + gk;
         base[e] = pb.plane.base(s);
@@ -364,6 +366,8 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
         }
         const std::array<T, 4> acc = dots.fold();
         // EXERCISE bilinear-gradient: grad_offset (m sum_j dw_j A_j), grad_mask (sum_j w_j A_j)
+        // checked by: test_deform_conv2d.py::test_against_reference, ::test_gradcheck,
+        //   ::test_offsets_far_outside_give_zero_and_finite_zero_gradients
         T d_y = T(0), d_x = T(0), d_m = T(0);
         for (int j = 0; j < 4; ++j) {
           d_y += s.d_weight_dy(j) * acc[j];

@@ -1,0 +1,180 @@
+"""Building one stage with its setup.py, under build/, and knowing when it must be built again.
+
+* ahead-of-time builds land in ``build/stages/<stage>`` (a CUDA stage built CPU-only in
+  ``build/stages-cpu/<stage>``), with the compiler's output in its build.log;
+* a built library records what it was built with (torch, flags, GPU architectures, CPU
+  instruction set): a change of any of them rebuilds it, as a change of a source does;
+* where no CUDA toolkit is found a CUDA stage is skipped with the reason (StageSkipped), or built
+  CPU-only where its stage.toml says ``cpu_fallback = true``.
+
+``python -m workbook.build N`` builds stage N by hand (workbook.build.side_by_side: several at
+once); `workbook.build.loader` builds a stage when a test imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workbook.build import compiler, stages, toolkit
+from workbook.build.compiler import (
+    COMMON_INCLUDE,
+    cpu_simd_flags,
+    cuda_arch_list,
+    cuda_toolkit,
+    cxx_flags,
+    max_jobs,
+    nvcc_flags,
+    tools_on_path,
+)
+from workbook.build.stages import REPO, Stage
+
+
+class StageSkipped(RuntimeError):
+    """A stage this machine cannot build (a CUDA stage without a CUDA toolkit); says why."""
+
+
+def _sources(s: Stage) -> list[Path]:
+    """Every file whose change must trigger a rebuild of stage s (its tests are not among them)."""
+    patterns = ("*.cpp", "*.cu", "*.h", "*.cuh", "*.py")
+    files = [p for folder in s.source_dirs for pat in patterns for p in folder.rglob(pat)
+             if not p.name.startswith("test_")]
+    files += [p for p in COMMON_INCLUDE.rglob("*") if p.is_file()]
+    files.append(Path(compiler.__file__))  # the flags every build is compiled with
+    return files
+
+
+def _built_libraries(s: Stage) -> list[Path]:
+    return list((s.lib_dir / s.package).glob("*.so")) if s.lib_dir.is_dir() else []
+
+
+def toolkit_for(s: Stage):
+    """The CUDA toolkit stage s builds with: None for a stage without CUDA sources, for a
+    CPU-only build (Stage.cpu_only_build()), and where none is found."""
+    return cuda_toolkit() if s.cuda and not s.cpu_only else None
+
+
+def _toolkit_used(s: Stage) -> str:
+    """The CUDA toolkit a CUDA stage builds with now ("none": CPU-only), to rebuild on a change."""
+    found = toolkit_for(s)
+    return str(found.home) if found else "none"
+
+
+def _toolkit_stamp(s: Stage) -> Path:
+    return s.build_dir / "cuda_toolkit.txt"
+
+
+def build_record(s: Stage | None = None) -> str:
+    """What stage s's library is built with; a stage whose record differs from this is out of
+    date.
+
+    Mtimes alone miss a change of flags: a library built with WORKBOOK_CXX11_ABI=0 would still
+    look up to date once the switch is unset, and so would one built against another torch, for
+    another GPU (TORCH_CUDA_ARCH_LIST: a library for sm_90 has no kernel an sm_80 GPU can run) or
+    for another CPU (cpu_simd_flags(): an AVX-512 build dies with "illegal instruction" on an
+    AVX2 machine). The architectures are recorded for a CUDA stage only, as its build uses them
+    ("none" when it builds CPU-only, without a toolkit); the SIMD flags for every stage, which
+    costs a stage that does not use them a rebuild on another CPU, and nothing else.
+    """
+    import torch
+
+    record = (f"torch {torch.__version__}\ncxx_flags {' '.join(cxx_flags())}\n"
+              f"cpu_simd_flags {' '.join(cpu_simd_flags()) or 'none'}\n")
+    if s is not None and s.cuda:
+        found = toolkit_for(s)  # sets TORCH_CUDA_ARCH_LIST, as the build does
+        record += (f"cuda_arch_list {cuda_arch_list()}\nnvcc_flags {' '.join(nvcc_flags())}\n"
+                   if found else "cuda_arch_list none (CPU-only build)\n")
+    return record
+
+
+def _record_file(s: Stage) -> Path:
+    """build/stages/<stage>/build-flags.txt: the build_record() of the library in lib/."""
+    return s.build_dir / "build-flags.txt"
+
+
+def is_up_to_date(s: Stage) -> bool:
+    libs = _built_libraries(s)
+    if not libs:
+        return False
+    record = _record_file(s)
+    if not record.is_file() or record.read_text() != build_record(s):
+        return False
+    if s.cuda:
+        stamp = _toolkit_stamp(s)
+        if not stamp.is_file() or stamp.read_text() != _toolkit_used(s):
+            return False
+    built = min(p.stat().st_mtime for p in libs)
+    return all(p.stat().st_mtime <= built for p in _sources(s))
+
+
+def _first_errors(log: Path, limit: int = 12) -> str:
+    """The first compiler errors of a build log: what a reader needs, not the Python traceback."""
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [ln for ln in lines if "error" in ln.lower() and not ln.lstrip().startswith("File ")]
+    shown = errors[:limit] or lines[-limit:]
+    return "--- first errors ---\n" + "\n".join(shown)
+
+
+def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
+                force: bool = False) -> Path:
+    """Build a setup.py stage under build/ and return the folder to put on sys.path.
+
+    A no-op when the built library is newer than every source. The compiler's output goes to
+    build/stages/<stage>/build.log; on failure its tail is raised with the error.
+    """
+    s = stages.get(number_or_folder)
+    if s.kind != "setup":
+        raise ValueError(f"stage {s.number} ({s.folder}) is built when imported, not with setup.py")
+    if s.cuda and toolkit_for(s) is None:
+        why = "asked for" if s.cpu_only and not stages.cuda_disabled() else toolkit.reason()
+        if not s.cpu_fallback:
+            raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: CUDA only, and no CUDA "
+                               f"build here ({why})")
+        cpu_only = f" CPU-only, without its CUDA kernels ({why}),"
+    else:
+        cpu_only = ""
+    if not force and is_up_to_date(s):
+        if not quiet:
+            print(f"[build] stage {s.number} ({s.folder}) is up to date in {s.lib_dir}")
+        return s.lib_dir
+    s.build_dir.mkdir(parents=True, exist_ok=True)
+    if force:  # every object too, not only the library
+        for temp in s.build_dir.glob("temp.*"):
+            shutil.rmtree(temp)
+    tools_on_path()
+    log = s.build_dir / "build.log"
+    _record_file(s).unlink(missing_ok=True)
+    env = dict(os.environ, MAX_JOBS=max_jobs())
+    if s.cpu_only:
+        env["WORKBOOK_NO_CUDA"] = "1"  # setup.py then builds it CPU-only, into s.build_dir
+    if not quiet:
+        print(
+            f"[build] stage {s.number} ({s.folder}): compiling{cpu_only} with MAX_JOBS="
+            f"{env['MAX_JOBS']}, "
+            f"log in {log.relative_to(REPO) if log.is_relative_to(REPO) else log} ...",
+            flush=True,
+        )
+    start = time.perf_counter()
+    # --force: setuptools would skip a library newer than its sources even when it was built
+    # with other flags (the record says so, setuptools does not look); ninja still recompiles
+    # only the objects whose source or command line changed.
+    cmd = [sys.executable, "setup.py", "build", "--force"]
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=s.source_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"building stage {s.number} ({s.folder}) failed (exit {proc.returncode}); "
+            f"full log: {log}\n{_first_errors(log)}"
+        )
+    if s.cuda:
+        _toolkit_stamp(s).write_text(_toolkit_used(s))
+    _record_file(s).write_text(build_record(s))
+    if not quiet:
+        print(f"[build] stage {s.number} ({s.folder}) built in {time.perf_counter() - start:.1f} s")
+    return s.lib_dir
+
+

@@ -1,0 +1,148 @@
+"""Building several stages at the same time, and the command line: ``python -m workbook.build N``
+(stage N, or `all`), what `make test` and `make demo` run first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+from workbook.build import emulate, stages, toolkit
+from workbook.build.builder import StageSkipped, build_stage, is_up_to_date, toolkit_for
+from workbook.build.compiler import compiler_cache, cuda_toolkit, max_jobs
+from workbook.build.loader import import_stage
+from workbook.build.stages import Stage, build_root
+
+
+def _build_one(s: Stage, *, force: bool = False, require_cuda: bool = False) -> int:
+    """Build (or, for a JIT stage, import) one stage, printing what happens; the exit status."""
+    if s.kind == "jit":
+        print(f"[build] stage {s.number} ({s.folder}) compiles just in time when imported; "
+              f"importing it (cached under {build_root() / 'jit'}) ...", flush=True)
+        start = time.perf_counter()
+        try:
+            import_stage(s)
+        except Exception as error:  # a compile error surfaces as an ImportError or RuntimeError
+            print(f"[build] {s.label} failed to build: {error}")
+            return 1
+        print(f"[build] stage {s.number} ({s.folder}) ready in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+        return 0
+    try:
+        build_stage(s, force=force)
+    except StageSkipped as skipped:
+        print(f"[build] {skipped}", flush=True)
+        return 1 if require_cuda else 0
+    except RuntimeError as error:
+        print(f"[build] {error}", flush=True)
+        return 1
+    return 0
+
+
+def _weight(s: Stage) -> int:
+    """A rough cost of building s, to start the longest builds first: its translation units,
+    a .cu file (nvcc, for one or more GPU architectures) counting as three."""
+    if s.kind == "jit":
+        return 1
+    units = [p for folder in s.source_dirs for pat in ("*.cpp", "*.cu") for p in folder.rglob(pat)]
+    with_cuda = toolkit_for(s) is not None
+    return sum(3 if p.suffix == ".cu" else 1 for p in units if with_cuda or p.suffix != ".cu")
+
+
+@dataclasses.dataclass
+class _Task:
+    """One build of build_side_by_side: a command, run in a process of its own."""
+
+    label: str
+    command: list[str]
+    weight: int
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _tasks(targets: list[Stage], *, force: bool, require_cuda: bool,
+           emulated: bool) -> list[_Task]:
+    tasks = []
+    for s in targets:
+        if not force and s.kind != "jit" and is_up_to_date(s):
+            print(f"[build] {s.label} is up to date in {s.lib_dir}")
+            continue
+        command = [sys.executable, "-m", "workbook.build", str(s.source_dir)]
+        command += ["--force"] * force + ["--require-cuda"] * require_cuda
+        tasks.append(_Task(s.label, command, _weight(s),
+                           {"WORKBOOK_NO_CUDA": "1"} if s.cpu_only else {}))
+    for s in targets if emulated else []:
+        if s.cuda:  # its .cu files for the emulated device (host code), as its tests will load
+            units = [p for folder in s.source_dirs for p in folder.rglob("*.cu")]
+            tasks.append(_Task(f"{s.label}, emulated", [sys.executable, "-m",
+                                                         "workbook.build.emulate",
+                                                         "build", str(s.source_dir)],
+                               2 * len(units)))
+    return tasks
+
+
+def build_side_by_side(targets: list[Stage], *, force: bool = False,
+                       require_cuda: bool = False, emulated: bool = False) -> int:
+    """Build several stages at the same time, each in a process of its own; the exit status.
+
+    A stage is a chain of compiles, and one that has a single file (stage 01) keeps one core
+    busy however many there are: so the stages are built side by side, as many at a time as
+    MAX_JOBS allows, each with twice its share of MAX_JOBS. At most twice MAX_JOBS compilers run
+    at once, and the stage still compiling when the others are done is not left with one job.
+    The longest builds start first. Each stage writes its compiler output to its own build.log,
+    and its lines of progress here. `emulated`: the CUDA stages' kernels for the emulated CUDA
+    device too (workbook.build.emulate), which their tests would otherwise compile one after the
+    other when they first need them.
+    """
+    tasks = _tasks(targets, force=force, require_cuda=require_cuda, emulated=emulated)
+    slots = int(max_jobs())
+    at_once = max(1, min(slots, len(tasks)))
+    jobs = str(max(1, min(slots, 2 * slots // at_once)))
+    queue = sorted(tasks, key=lambda task: task.weight, reverse=True)
+    if len(queue) > 1:
+        print(f"[build] {len(queue)} builds side by side, {at_once} at a time with MAX_JOBS="
+              f"{jobs} each, the longest first; compiler cache: {compiler_cache()}", flush=True)
+    start = time.perf_counter()
+    running: dict[subprocess.Popen, _Task] = {}
+    failed = []
+    while queue or running:
+        while queue and len(running) < at_once:
+            task = queue.pop(0)
+            env = dict(os.environ, MAX_JOBS=jobs, **task.env)
+            running[subprocess.Popen(task.command, env=env)] = task
+        time.sleep(0.2)
+        for proc in [p for p in running if p.poll() is not None]:
+            if proc.returncode:
+                failed.append(running[proc].label)
+                print(f"[build] {running[proc].label}: FAILED (see above)", flush=True)
+            del running[proc]
+    if len(tasks) > 1:
+        print(f"[build] {len(tasks)} builds done in {time.perf_counter() - start:.1f} s"
+              + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
+    parser.add_argument("stage", help="stage number, folder name or path, or `all`")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--require-cuda", action="store_true",
+                        help="exit 1 when a CUDA stage cannot be built with its CUDA kernels "
+                        "(skipped, or CPU-only): what a GPU machine's check wants")
+    args = parser.parse_args(argv)
+    targets = stages.all_stages() if args.stage == "all" else [stages.get(args.stage)]
+    if args.require_cuda and any(s.cuda for s in targets) and cuda_toolkit() is None:
+        print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
+        return 1
+    if len(targets) > 1:
+        # `make test` builds all: where the CUDA tests will run on the emulated device, its
+        # kernels are built here too, side by side with the rest.
+        return build_side_by_side(targets, force=args.force, require_cuda=args.require_cuda,
+                                  emulated=args.stage == "all" and emulate.active())
+    return _build_one(targets[0], force=args.force, require_cuda=args.require_cuda)
+
+
