@@ -43,7 +43,7 @@ STAGE_04 = STAGES_DIR / "04_cuda_raw" / "csrc" / "lltm_cuda.cu"
 STAGE_05 = STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cuda.cu"
 STAGE_07 = STAGES_DIR / "07_cuda_library" / "csrc" / "deform_conv2d" / "cuda" / \
     "deform_conv2d_cuda.cu"
-CHUNKS = STAGES_DIR.parent / "common" / "include" / "workbook" / "deform_conv2d_chunks.h"
+DEFORM_HEADER = STAGES_DIR.parent / "common" / "include" / "workbook" / "deform_conv2d.h"
 INT32_MAX = 2**31 - 1
 MAX_GRID_Y = 65535  # CUDA's limits on a launch
 MAX_GRID_X = 2**31 - 1
@@ -191,7 +191,7 @@ def test_lltm_huge_case_takes_the_64_bit_path():
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """The sizes the launchers read (workbook/deform_conv2d_checks.h's Geometry)."""
+    """The sizes the launchers read (workbook/deform_conv2d.h's Geometry)."""
 
     batch: int
     channels: int
@@ -225,7 +225,7 @@ ENTRY_BYTES = 80  # kEntryBytes
 
 def plan_chunks(g: Geometry, per_position: int, max_positions: int,
                 budget: int = COLUMN_BUDGET) -> tuple[int, int]:
-    """plan_chunks (workbook/deform_conv2d_chunks.h): (images, rows) of a chunk: whole images
+    """plan_chunks (workbook/deform_conv2d.h): (images, rows) of a chunk: whole images
     while one fits the budget, else blocks of output rows of one image. (budget: the same plan
     for a smaller budget, to cut small inputs into chunks.)"""
     assert g.out_w <= max_positions  # the CUDA backward's TORCH_CHECK before it plans
@@ -543,7 +543,7 @@ MIRRORED = {
         "TORCH_CHECK(g.out_w <= max_positions,",
         "plan_chunks(g, per_position, kColumnBudgetBytes, max_positions);",
     ],
-    CHUNKS: [
+    DEFORM_HEADER: [
         "const int64_t positions = std::max<int64_t>(g.positions(), 1);",
         "if (image_bytes <= budget_bytes && positions <= max_positions) {",
         "const int64_t images = budget_bytes / std::max<int64_t>(image_bytes, 1);",

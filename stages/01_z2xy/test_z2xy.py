@@ -65,7 +65,7 @@ def test_meta_tensors_are_refused():
     # A pybind11 function is no dispatcher op: it has no fake kernel, so meta tensors reach the
     # C++ checks, which accept CPU tensors only.
     x = torch.ones(3, device="meta")
-    with pytest.raises(RuntimeError, match=r"`x` must be a CPU tensor, got a tensor on meta"):
+    with pytest.raises(RuntimeError, match=r"`x` must be a cpu tensor, got a tensor on meta"):
         z2xy(x, x)
 
 

@@ -62,7 +62,7 @@ def test_bad_input(device, bad):
 
 def test_meta_tensors_are_refused():
     inputs = lltm_op.inputs(2, 3, 4, device="meta", requires_grad=False)
-    with pytest.raises(RuntimeError, match=r"`input` must be a CPU tensor, got a tensor on meta"):
+    with pytest.raises(RuntimeError, match=r"`input` must be a cpu tensor, got a tensor on meta"):
         lltm(*inputs)
 
 

@@ -23,7 +23,7 @@ CPP_SOURCE = r"""
 at::Tensor z2xy(const at::Tensor& x, const at::Tensor& y) {
   const workbook::Arg x_arg{"z2xy_inline", "x"}, y_arg{"z2xy_inline", "y"};
   workbook::check_floating(x, x_arg);
-  workbook::check_dtype(y, y_arg, x.scalar_type());
+  workbook::check_dtype(y, y_arg, x, x_arg);
   workbook::check_same_device(y, y_arg, x, x_arg);
   workbook::check_same_shape(y, y_arg, x, x_arg);
   return at::add(y, x, /*alpha=*/2);

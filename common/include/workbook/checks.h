@@ -4,12 +4,17 @@
 // raises a Python exception whose message names the argument, says what was expected and what was
 // got, e.g.
 //
-//   TypeError: lltm: `input` must be a floating-point tensor (Double, Float, Half or BFloat16),
-//              got Long
+//   TypeError: lltm: `input` must be a float64, float32, float16 or bfloat16 tensor, got
+//              torch.int64
 //   ValueError: lltm: `old_h` must have 2 dimensions (batch, state), got 3 with sizes [2, 3, 4]
 //
-// The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes,
-// TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices and layout.
+// One vocabulary, the one the user types: dtypes and layouts by their Python names (torch.int64,
+// torch.sparse_coo), device types as torch.device spells them (cpu, cuda), devices as they print
+// (cuda:0), sizes as lists. The fake kernels in Python say the same with str(dtype), str(layout)
+// and str(device) (extops/errors.py mirrors this file check for check).
+//
+// The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes and
+// layouts, TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices.
 // Every check is cheap (metadata only): call them at the top of an op, before dispatching a kernel.
 //
 // Only metadata is read, so at::Tensor (ATen/core/Tensor.h) is all this header includes, not
@@ -18,8 +23,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -34,6 +41,75 @@ struct Arg {
 };
 
 inline std::string describe(const Arg& arg) { return std::string(arg.op) + ": `" + arg.name + "`"; }
+
+// ----------------------------------------------------------------------------------------------
+// Names, as Python prints them
+
+// A dtype as str(dtype) prints it ("torch.float32"). The types with a legacy C++ name are spelled
+// out; the others' Python names are their C++ names in lower case (Float8_e4m3fn ->
+// float8_e4m3fn, UInt16 -> uint16). tests/test_tools.py holds this against str() of every dtype.
+inline std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble:
+      return "torch.float64";
+    case at::kFloat:
+      return "torch.float32";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kShort:
+      return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kBool:
+      return "torch.bool";
+    default: {
+      std::string name = c10::toString(type);
+      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return "torch." + name;
+    }
+  }
+}
+
+// A layout as str(layout) prints it ("torch.sparse_coo").
+inline std::string layout_name(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided:
+      return "torch.strided";
+    case at::kSparse:
+      return "torch.sparse_coo";
+    case at::kSparseCsr:
+      return "torch.sparse_csr";
+    case at::kSparseCsc:
+      return "torch.sparse_csc";
+    case at::kSparseBsr:
+      return "torch.sparse_bsr";
+    case at::kSparseBsc:
+      return "torch.sparse_bsc";
+    case at::kMkldnn:
+      return "torch._mkldnn";
+    case at::kJagged:
+      return "torch.jagged";
+    default:
+      return "layout " + std::to_string(static_cast<int>(layout));
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Checks
 
 inline void check_defined(const at::Tensor& t, const Arg& arg) {
   TORCH_CHECK_VALUE(t.defined(), describe(arg),
@@ -51,26 +127,32 @@ inline bool supported_floating(at::ScalarType type) {
 inline void check_strided(const at::Tensor& t, const Arg& arg) {
   check_defined(t, arg);
   TORCH_CHECK_TYPE(t.layout() == at::kStrided, describe(arg),
-                   " must be a dense tensor (layout Strided), got layout ", t.layout());
+                   " must be a dense tensor (layout torch.strided), got layout ",
+                   layout_name(t.layout()));
 }
 
 inline void check_floating(const at::Tensor& t, const Arg& arg) {
   check_strided(t, arg);
   TORCH_CHECK_TYPE(supported_floating(t.scalar_type()), describe(arg),
-                   " must be a floating-point tensor (Double, Float, Half or BFloat16), got ",
-                   t.scalar_type());
+                   " must be a float64, float32, float16 or bfloat16 tensor, got ",
+                   dtype_name(t.scalar_type()));
 }
 
-inline void check_dtype(const at::Tensor& t, const Arg& arg, at::ScalarType expected) {
+// `t` in the dtype of `first` (the op's first tensor, which sets it).
+inline void check_dtype(const at::Tensor& t, const Arg& arg, const at::Tensor& first,
+                        const Arg& first_arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(t.scalar_type() == expected, describe(arg), " must have dtype ", expected,
-                   " (the dtype of the first input), got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(), describe(arg), " must have dtype ",
+                   dtype_name(first.scalar_type()), " (the dtype of `", first_arg.name, "`), got ",
+                   dtype_name(t.scalar_type()));
 }
 
+// The device type as torch.device spells it ("cuda"; the emulated device's own name).
 inline void check_device_type(const at::Tensor& t, const Arg& arg, c10::DeviceType expected) {
   check_defined(t, arg);
   TORCH_CHECK(t.device().type() == expected, describe(arg), " must be a ",
-              c10::DeviceTypeName(expected), " tensor, got a tensor on ", t.device());
+              c10::DeviceTypeName(expected, /*lower_case=*/true), " tensor, got a tensor on ",
+              t.device());
 }
 
 inline void check_contiguous(const at::Tensor& t, const Arg& arg) {
@@ -105,25 +187,27 @@ inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tens
                     other_arg.name, "` ", other.sizes(), ", got ", t.sizes());
 }
 
-// What every op checks of all its tensor inputs together: one floating dtype (the first input's),
-// one device (the first input's, of type `device`) and, for kernels that index raw memory, a dense
-// layout. `args` lists the inputs in order, so the first offender is the one named. Devices are
-// compared with the first input before the device type is checked, so an input left on another
-// device gets the same message from every backend and from the fake kernel, whichever kernel the
-// dispatcher picked for the mix: "`weights` must be on the same device as `input` (cpu), got meta".
+// What every op checks of all its tensor inputs together: dense, one floating dtype (the first
+// input's), one device (the first input's, of type `device`) and, for kernels that index raw
+// memory, contiguous. `args` lists the inputs in order, so the first offender is the one named.
+// Devices are compared with the first input before the device type is checked, so an input left on
+// another device gets the same message from every backend and from the fake kernel, whichever
+// kernel the dispatcher picked for the mix: "`weights` must be on the same device as `input` (cpu),
+// got meta".
 using NamedTensor = std::pair<const at::Tensor&, Arg>;
 
-enum class Layout { kAny, kContiguous };
+// Whether a kernel indexes its inputs' memory raw, so that they must be contiguous too (stage 04).
+enum class Memory { kAnyStrides, kContiguous };
 
 inline void check_inputs(std::initializer_list<NamedTensor> args, c10::DeviceType device,
-                         Layout layout = Layout::kAny) {
+                         Memory memory = Memory::kAnyStrides) {
   const auto& [first, first_arg] = *args.begin();
   for (const auto& [t, arg] : args) check_strided(t, arg);
   check_floating(first, first_arg);
-  for (const auto& [t, arg] : args) check_dtype(t, arg, first.scalar_type());
+  for (const auto& [t, arg] : args) check_dtype(t, arg, first, first_arg);
   for (const auto& [t, arg] : args) check_same_device(t, arg, first, first_arg);
   check_device_type(first, first_arg, device);
-  if (layout == Layout::kContiguous) {
+  if (memory == Memory::kContiguous) {
     for (const auto& [t, arg] : args) check_contiguous(t, arg);
   }
 }

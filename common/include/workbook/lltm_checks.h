@@ -21,7 +21,7 @@ namespace workbook::lltm {
 inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights,
                                  const at::Tensor& bias, const at::Tensor& old_h,
                                  const at::Tensor& old_cell, c10::DeviceType device,
-                                 Layout layout = Layout::kAny) {
+                                 Memory memory = Memory::kAnyStrides) {
   constexpr const char* op = "lltm";
   const Arg input_arg{op, "input"}, weights_arg{op, "weights"}, bias_arg{op, "bias"},
       h_arg{op, "old_h"}, c_arg{op, "old_cell"};
@@ -30,7 +30,7 @@ inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weig
                 {bias, bias_arg},
                 {old_h, h_arg},
                 {old_cell, c_arg}},
-               device, layout);
+               device, memory);
   check_dim(input, input_arg, 2, "(batch, features)");
   check_dim(old_h, h_arg, 2, "(batch, state)");
   check_dim(old_cell, c_arg, 2, "(batch, state)");
@@ -47,12 +47,12 @@ inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weig
 }
 
 // Autograd calls the backward with what the forward saved, so the shapes agree by construction;
-// these checks guard direct calls and the kernels' layout assumptions.
+// these checks guard direct calls and the kernels' memory assumptions.
 inline void check_backward_inputs(const at::Tensor& grad_h, const at::Tensor& grad_cell,
                                   const at::Tensor& new_cell, const at::Tensor& gates,
                                   const at::Tensor& input, const at::Tensor& old_h,
                                   const at::Tensor& weights, c10::DeviceType device,
-                                  Layout layout = Layout::kAny) {
+                                  Memory memory = Memory::kAnyStrides) {
   constexpr const char* op = "lltm_backward";
   const Arg grad_h_arg{op, "grad_h"}, grad_cell_arg{op, "grad_cell"}, cell_arg{op, "new_cell"},
       gates_arg{op, "gates"}, input_arg{op, "input"}, h_arg{op, "old_h"},
@@ -64,7 +64,7 @@ inline void check_backward_inputs(const at::Tensor& grad_h, const at::Tensor& gr
                 {input, input_arg},
                 {old_h, h_arg},
                 {weights, weights_arg}},
-               device, layout);
+               device, memory);
   check_dim(new_cell, cell_arg, 2, "(batch, state)");
   check_dim(gates, gates_arg, 2, "(batch, 3 * state)");
   check_dim(input, input_arg, 2, "(batch, features)");

@@ -83,7 +83,7 @@ def no_device_reason(device: str) -> str | None:
 # The device the CUDA tests run on, and how the C++ checks name its type in their messages.
 CUDA = emulate.cuda_device()
 EMULATED = emulate.is_emulated(CUDA)
-CUDA_TYPE_NAME = emulate.DEVICE.upper() if EMULATED else "CUDA"  # c10::DeviceTypeName
+CUDA_TYPE_NAME = emulate.DEVICE if EMULATED else "cuda"  # as torch.device spells it
 NO_CUDA = no_device_reason(CUDA)
 NO_GPU = no_device_reason("cuda")
 

@@ -44,7 +44,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& y) {
   workbook::check_strided(x, x_arg);
   workbook::check_strided(y, y_arg);
   workbook::check_floating(x, x_arg);
-  workbook::check_dtype(y, y_arg, x.scalar_type());
+  workbook::check_dtype(y, y_arg, x, x_arg);
   workbook::check_device_type(x, x_arg, c10::DeviceType::CPU);
   workbook::check_same_device(y, y_arg, x, x_arg);
   workbook::check_same_shape(y, y_arg, x, x_arg);

@@ -33,7 +33,7 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
                                      const at::Tensor& bias, const at::Tensor& old_h,
                                      const at::Tensor& old_cell) {
   workbook::lltm::check_forward_inputs(input, weights, bias, old_h, old_cell, c10::DeviceType::CUDA,
-                                       workbook::Layout::kContiguous);
+                                       workbook::Memory::kContiguous);
   return lltm_cuda_forward(input, weights, bias, old_h, old_cell);
 }
 
@@ -42,7 +42,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& input, const at::Tensor& old_h,
                                       const at::Tensor& weights) {
   workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
-                                        c10::DeviceType::CUDA, workbook::Layout::kContiguous);
+                                        c10::DeviceType::CUDA, workbook::Memory::kContiguous);
   return lltm_cuda_backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights);
 }
 

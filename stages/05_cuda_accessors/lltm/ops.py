@@ -17,42 +17,26 @@ import torch
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
 
-# dtypes by the names C++ prints them with (c10::ScalarType), so that a bad input gets the same
-# message from the fake kernel as from the C++ checks: "got Long", not "got torch.int64".
-_SCALAR_TYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
-                      torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-                      torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-                      torch.bool: "Bool", torch.complex64: "ComplexFloat",
-                      torch.complex128: "ComplexDouble"}
-
-
 # The dtypes the kernels compute in (float8 is floating point too, and refused).
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
-# Layouts by the names C++ prints them with (c10::Layout).
-_LAYOUT_NAMES = {torch.strided: "Strided", torch.sparse_coo: "Sparse",
-                 torch.sparse_csr: "SparseCsr", torch.sparse_csc: "SparseCsc",
-                 torch.sparse_bsr: "SparseBsr", torch.sparse_bsc: "SparseBsc",
-                 torch._mkldnn: "Mkldnn"}
 
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return _SCALAR_TYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
-
-
+# Messages in the words of the C++ checks (workbook/checks.h): dtypes, layouts and devices as
+# str() prints them in Python ("torch.int64", "torch.sparse_coo", "cuda:0"), so that a bad input
+# gets the same message from the fake kernel as from the kernels.
 def _check_same_dtype_and_device(op: str, names, tensors) -> None:
     for name, t in zip(names, tensors):
         torch._check_type(t.layout == torch.strided,
-                          lambda: f"{op}: `{name}` must be a dense tensor (layout Strided), got "
-                                  f"layout {_LAYOUT_NAMES.get(t.layout, t.layout)}")
+                          lambda: f"{op}: `{name}` must be a dense tensor (layout torch.strided), "
+                                  f"got layout {t.layout}")
     first_name, first = names[0], tensors[0]
     torch._check_type(first.dtype in _DTYPES,
-                      lambda: f"{op}: `{first_name}` must be a floating-point tensor (Double, "
-                              f"Float, Half or BFloat16), got {_dtype_name(first.dtype)}")
+                      lambda: f"{op}: `{first_name}` must be a float64, float32, float16 or "
+                              f"bfloat16 tensor, got {first.dtype}")
     for name, t in zip(names, tensors):
         torch._check_type(t.dtype == first.dtype,
-                          lambda: f"{op}: `{name}` must have dtype {_dtype_name(first.dtype)} "
-                                  f"(the dtype of the first input), got {_dtype_name(t.dtype)}")
+                          lambda: f"{op}: `{name}` must have dtype {first.dtype} (the dtype of "
+                                  f"`{first_name}`), got {t.dtype}")
     for name, t in zip(names, tensors):
         torch._check(t.device == first.device,
                      lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
@@ -200,8 +184,8 @@ def lltm(input, weights, bias, old_h, old_cell):
         # A sparse tensor would find no kernel, and the dispatcher's message names no argument.
         # (A plain `if`: torch.compile folds it, a torch._check message closure it cannot trace.)
         if t.layout != torch.strided:
-            raise TypeError(f"lltm: `{name}` must be a dense tensor (layout Strided), got layout "
-                            f"{_LAYOUT_NAMES.get(t.layout, t.layout)}")
+            raise TypeError(f"lltm: `{name}` must be a dense tensor (layout torch.strided), got "
+                            f"layout {t.layout}")
     check_reverse_mode_only("lltm", tensors)
     new_h, new_cell, _gates = torch.ops.lltm.lltm_forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell

@@ -10,7 +10,7 @@ package's __init__ before this module is imported) defines torch.ops.extops.defo
 What torch needs besides is registered here:
 
 * a fake kernel per op: shapes, dtype and device from the inputs alone, for torch.compile and
-  meta tensors. It runs the checks of workbook/deform_conv2d_checks.h in the same order, with
+  meta tensors. It runs the checks of workbook/deform_conv2d.h in the same order, with
   the same messages and exception types, so a bad input fails alike in eager mode, on meta
   tensors and while tracing: edit the two together;
 * the autograd formula of deform_conv2d: save what the wanted gradients read, call the backward
@@ -25,17 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from . import errors
-from ._checks import check_dense, check_reverse_mode_only
+from .errors import check_dense, check_dim, check_inputs, check_reverse_mode_only, check_size
 
 _INT64_MAX = 2**63 - 1
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 _OUT_H_WHY = ("out_h of the convolution: (height + 2 * padding - dilation * (kernel_h - 1) - 1) "
               "/ stride + 1")
 _OUT_W_WHY = ("out_w of the convolution: (width + 2 * padding - dilation * (kernel_w - 1) - 1) "
               "/ stride + 1")
 
 # ----------------------------------------------------------------------------------------------
-# Checks: workbook/deform_conv2d_checks.h, line for line.
+# Checks: workbook/deform_conv2d.h, line for line, on extops/errors.py's (workbook/checks.h's).
 
 
 def _fits_int64(size) -> bool:
@@ -43,18 +42,6 @@ def _fits_int64(size) -> bool:
     # kernel when it runs on a real one; as a guard here it would only narrow the exported range
     # (torch.export refuses a Dim("batch") whose range the guard does not cover).
     return isinstance(size, torch.SymInt) or size <= _INT64_MAX
-
-
-def _check_dim(op, name, t, ndim, what):
-    torch._check_value(t.dim() == ndim,
-                       lambda: f"{op}: `{name}` must have {ndim} dimension{'s' * (ndim != 1)} "
-                               f"{what}, got {t.dim()} with sizes {list(t.shape)}")
-
-
-def _check_size(op, name, t, dim, expected, why):
-    torch._check_value(t.shape[dim] == expected,
-                       lambda: f"{op}: `{name}` must have size {expected} in dimension {dim} "
-                               f"({why}), got sizes {list(t.shape)}")
 
 
 def _check_int_pair(op, name, values, minimum, must_be):
@@ -87,29 +74,18 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
     named += [("input", input), ("offset", offset), ("weight", weight)]
     named += [("bias", bias)] if bias is not None else []
     named += [("mask", mask)] if mask is not None else []
-    first_name, first = named[0]
-    torch._check_type(first.dtype in _DTYPES,
-                      lambda: f"{op}: `{first_name}` must be a float64, float32, float16 or "
-                              f"bfloat16 tensor, got {first.dtype}")
-    for name, t in named:
-        torch._check_type(t.dtype == first.dtype,
-                          lambda: f"{op}: `{name}` must have dtype {first.dtype} (the dtype of "
-                                  f"`{first_name}`), got {t.dtype}")
-    for name, t in named:
-        torch._check(t.device == first.device,
-                     lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
-                             f"({first.device}), got {t.device}")
+    check_inputs(op, named)
 
     if grad_output is not None:
-        _check_dim(op, "grad_output", grad_output, 4, "(batch, out_channels, out_h, out_w)")
-    _check_dim(op, "input", input, 4, "(batch, in_channels, height, width)")
-    _check_dim(op, "offset", offset, 4,
+        check_dim(op, "grad_output", grad_output, 4, "(batch, out_channels, out_h, out_w)")
+    check_dim(op, "input", input, 4, "(batch, in_channels, height, width)")
+    check_dim(op, "offset", offset, 4,
                "(batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w)")
-    _check_dim(op, "weight", weight, 4, "(out_channels, in_channels / groups, kernel_h, kernel_w)")
+    check_dim(op, "weight", weight, 4, "(out_channels, in_channels / groups, kernel_h, kernel_w)")
     if bias is not None:
-        _check_dim(op, "bias", bias, 1, "(out_channels)")
+        check_dim(op, "bias", bias, 1, "(out_channels)")
     if mask is not None:
-        _check_dim(op, "mask", mask, 4,
+        check_dim(op, "mask", mask, 4,
                    "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w)")
 
     _check_int_pair(op, "stride", stride, 1, "positive")
@@ -141,7 +117,7 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
                        lambda: f"{op}: `weight` must have at most 2^63 - 1 kernel taps (kernel_h * "
                                f"kernel_w), got sizes {list(weight.shape)}")
 
-    _check_size(op, "offset", offset, 0, batch, "batch size of `input`")
+    check_size(op, "offset", offset, 0, batch, "batch size of `input`")
     offset_channels = offset.shape[1]
     torch._check_value(offset_channels > 0 and offset_channels % (2 * taps) == 0,
                        lambda: f"{op}: `offset` must have a positive multiple of 2 * kernel_h * "
@@ -158,16 +134,16 @@ def _check_common(op, grad_output, input, offset, weight, bias, stride, padding,
                          stride[0])
     out_w = _output_size(op, "width", "kernel_w", width, kernel_w, padding, dilation, 1,
                          stride[1])
-    _check_size(op, "offset", offset, 2, out_h, _OUT_H_WHY)
-    _check_size(op, "offset", offset, 3, out_w, _OUT_W_WHY)
+    check_size(op, "offset", offset, 2, out_h, _OUT_H_WHY)
+    check_size(op, "offset", offset, 3, out_w, _OUT_W_WHY)
     if mask is not None:
-        _check_size(op, "mask", mask, 0, batch, "batch size of `input`")
-        _check_size(op, "mask", mask, 1, offset_groups * taps,
+        check_size(op, "mask", mask, 0, batch, "batch size of `input`")
+        check_size(op, "mask", mask, 1, offset_groups * taps,
                     "offset_groups * kernel_h * kernel_w, from `offset` and `weight`")
-        _check_size(op, "mask", mask, 2, out_h, _OUT_H_WHY)
-        _check_size(op, "mask", mask, 3, out_w, _OUT_W_WHY)
+        check_size(op, "mask", mask, 2, out_h, _OUT_H_WHY)
+        check_size(op, "mask", mask, 3, out_w, _OUT_W_WHY)
     if bias is not None:
-        _check_size(op, "bias", bias, 0, out_channels, "out_channels of `weight`")
+        check_size(op, "bias", bias, 0, out_channels, "out_channels of `weight`")
 
     torch._check_value(_fits_int64(batch * out_channels * out_h * out_w),
                        lambda: f"{op}: the output [{batch}, {out_channels}, {out_h}, {out_w}] "
@@ -320,7 +296,7 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Tensor | 
     float64, float32, float16 or bfloat16 (half and bfloat16 compute in float); dense tensors;
     differentiable (reverse mode) in input, offset, weight, bias and mask. Inside a torch.autocast
     region the inputs are cast to the region's dtype (csrc/deform_conv2d/autocast/). Forward-mode
-    AD and torch.func's gradient transforms are refused (_checks.check_reverse_mode_only).
+    AD and torch.func's gradient transforms are refused (errors.check_reverse_mode_only).
 
     Bad input raises extops.ExtopsValueError or ExtopsTypeError, which `except RuntimeError`
     catches too (extops/errors.py). Under torch.jit.script it calls the op directly, whose C++

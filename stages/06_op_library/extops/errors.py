@@ -1,9 +1,16 @@
-"""The exceptions extops' Python API raises for bad input, catchable as torchvision's are.
+"""Bad input: what every op of the library checks in Python, and the exceptions it raises.
 
-torchvision's ops raise RuntimeError for a wrong size or type, so code written for them (and
-torchvision's and detectron2's own tests) catches `except RuntimeError`. extops says more
-precisely what is wrong (ValueError for a wrong value or size, TypeError for a wrong type), so
-its errors are of classes that derive from both:
+The checks are workbook/checks.h's, in Python, with its words (dtypes and layouts by the names
+str() gives them, devices as they print, sizes as lists): the fake kernels (extops/lltm.py,
+extops/deform_conv2d.py) run them on meta tensors and while torch.compile traces, and the
+functional forms run check_dense and check_reverse_mode_only before the dispatcher, so a bad input
+fails with one message on CPU tensors, on meta tensors and under torch.compile. Change a message
+here and in checks.h together: the tests compare them on every bad input.
+
+The exceptions: torchvision's ops raise RuntimeError for a wrong size or type, so code written for
+them (and torchvision's and detectron2's own tests) catches `except RuntimeError`. extops says
+more precisely what is wrong (ValueError for a wrong value or size, TypeError for a wrong type),
+so its errors are of classes that derive from both:
 
     ExtopsValueError(ValueError, RuntimeError)
     ExtopsTypeError(TypeError, RuntimeError)
@@ -19,6 +26,10 @@ while torch.compile traces (torch reports it in a TorchRuntimeError, a RuntimeEr
 from __future__ import annotations
 
 import torch
+
+# The dtypes the kernels compute in: an allow-list (float8 is floating point too, and refused).
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+DTYPES_IN_WORDS = "float64, float32, float16 or bfloat16"
 
 
 class ExtopsValueError(ValueError, RuntimeError):
@@ -49,6 +60,90 @@ def call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except (ValueError, TypeError) as error:
         raise as_runtime_error(error) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The checks of workbook/checks.h, check for check
+
+
+def check_dense(op: str, named) -> None:
+    """Every (name, tensor) in `named` (None entries skipped) is dense (torch.strided): a sparse
+    tensor would find no kernel, and the dispatcher's message names no argument."""
+    # A plain `if`, not torch._check_type: torch.compile traces this function, and the layout of a
+    # traced tensor is known, so the branch folds away (a message closure over a tensor would not).
+    for name, t in named:
+        if t is not None and t.layout != torch.strided:
+            raise TypeError(f"{op}: `{name}` must be a dense tensor (layout torch.strided), got "
+                            f"layout {t.layout}")
+
+
+def check_inputs(op: str, named) -> None:
+    """What every op checks of all its tensors together, in checks.h's order: dense, the first
+    one floating point, all of its dtype and on its device. `named`: (name, tensor) in the
+    schema's order."""
+    check_dense(op, named)
+    first_name, first = named[0]
+    torch._check_type(first.dtype in DTYPES,
+                      lambda: f"{op}: `{first_name}` must be a {DTYPES_IN_WORDS} tensor, got "
+                              f"{first.dtype}")
+    for name, t in named:
+        torch._check_type(t.dtype == first.dtype,
+                          lambda: f"{op}: `{name}` must have dtype {first.dtype} (the dtype of "
+                                  f"`{first_name}`), got {t.dtype}")
+    for name, t in named:
+        torch._check(t.device == first.device,
+                     lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
+                             f"({first.device}), got {t.device}")
+
+
+def check_dim(op: str, name: str, t, ndim: int, what: str) -> None:
+    """`what` names the dimensions for the reader, e.g. "(batch, state)"."""
+    torch._check_value(t.dim() == ndim,
+                       lambda: f"{op}: `{name}` must have {ndim} dimension{'s' * (ndim != 1)} "
+                               f"{what}, got {t.dim()} with sizes {list(t.shape)}")
+
+
+def check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
+    """Size of dimension `dim` must be `expected`; `why` says where the expectation comes from."""
+    torch._check_value(t.shape[dim] == expected,
+                       lambda: f"{op}: `{name}` must have size {expected} in dimension {dim} "
+                               f"({why}), got sizes {list(t.shape)}")
+
+
+def check_same_shape(op: str, name: str, t, other_name: str, other) -> None:
+    torch._check_value(t.shape == other.shape,
+                       lambda: f"{op}: `{name}` must have the shape of `{other_name}` "
+                               f"{list(other.shape)}, got {list(t.shape)}")
+
+
+def check_reverse_mode_only(op: str, tensors) -> None:
+    """Refuse, naming the op, the differentiation modes it has no formula for.
+
+    The ops' autograd is reverse mode only (a backward formula). Without this check, forward-mode
+    AD (torch.autograd.forward_ad, torch.func.jvp, jacfwd) through an op whose autograd is
+    registered from Python would run the kernel on the primal values and return no tangent,
+    which reads as a derivative of zero; and torch.func's grad, vjp and jacrev would refuse with
+    a message about autograd.Function internals. torch.vmap works (the op runs once per batch
+    entry), and so does ordinary reverse mode. Skipped while torch.compile traces: a compiled
+    graph has no functorch wrappers or dual tensors.
+    """
+    if torch.compiler.is_compiling():
+        return
+    tensors = [t for t in tensors if t is not None]
+    if torch._C._are_functorch_transforms_active():
+        for t in tensors:
+            if torch._C._functorch.is_gradtrackingtensor(t):
+                raise NotImplementedError(
+                    f"{op}: torch.func.grad, vjp, jacrev, jvp and jacfwd are not supported (the "
+                    f"op has a backward formula only, which torch.func cannot transform); use "
+                    f"torch.autograd.grad or Tensor.backward() for gradients, torch.vmap for "
+                    f"batching")
+    for t in tensors:
+        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"{op}: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp, jacfwd) is "
+                f"not supported: the op has a reverse-mode gradient only; use torch.autograd.grad "
+                f"or Tensor.backward()")
 
 
 __all__ = ["ExtopsTypeError", "ExtopsValueError"]

@@ -25,97 +25,59 @@ import torch
 from torch import Tensor
 
 from . import errors
-from ._checks import check_dense, check_reverse_mode_only
+from .errors import (
+    check_dense,
+    check_dim,
+    check_inputs,
+    check_reverse_mode_only,
+    check_same_shape,
+    check_size,
+)
 
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
 
-# dtypes by the names C++ prints them with (c10::ScalarType), so that a bad input gets the same
-# message from the fake kernel as from the C++ checks: "got Long", not "got torch.int64".
-_SCALAR_TYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
-                      torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-                      torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-                      torch.bool: "Bool", torch.complex64: "ComplexFloat",
-                      torch.complex128: "ComplexDouble"}
-
-
-# The dtypes the kernels compute in (float8 is floating point too, and refused).
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return _SCALAR_TYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.").capitalize()
-
-
-def _check_same_dtype_and_device(op: str, names, tensors) -> None:
-    check_dense(op, zip(names, tensors))
-    first_name, first = names[0], tensors[0]
-    torch._check_type(first.dtype in _DTYPES,
-                      lambda: f"{op}: `{first_name}` must be a floating-point tensor (Double, "
-                              f"Float, Half or BFloat16), got {_dtype_name(first.dtype)}")
-    for name, t in zip(names, tensors):
-        torch._check_type(t.dtype == first.dtype,
-                          lambda: f"{op}: `{name}` must have dtype {_dtype_name(first.dtype)} "
-                                  f"(the dtype of the first input), got {_dtype_name(t.dtype)}")
-    for name, t in zip(names, tensors):
-        torch._check(t.device == first.device,
-                     lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
-                             f"({first.device}), got {t.device}")
-
-
-def _check_dim(op: str, name: str, t, ndim: int, what: str) -> None:
-    torch._check_value(t.dim() == ndim,
-                       lambda: f"{op}: `{name}` must have {ndim} dimension{'s' * (ndim != 1)} "
-                               f"{what}, got {t.dim()} with sizes {list(t.shape)}")
-
-
-def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
-    torch._check_value(t.shape[dim] == expected,
-                       lambda: f"{op}: `{name}` must have size {expected} in dimension {dim} "
-                               f"({why}), got sizes {list(t.shape)}")
-
 
 @torch.library.register_fake("extops::lltm_forward")
 def _forward_fake(input, weights, bias, old_h, old_cell):
+    # workbook/lltm_checks.h's check_forward_inputs, check for check.
     op = "lltm"
-    _check_same_dtype_and_device(op, _FORWARD_NAMES, (input, weights, bias, old_h, old_cell))
-    _check_dim(op, "input", input, 2, "(batch, features)")
-    _check_dim(op, "old_h", old_h, 2, "(batch, state)")
-    _check_dim(op, "old_cell", old_cell, 2, "(batch, state)")
-    _check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
-    _check_dim(op, "bias", bias, 1, "(3 * state)")
+    check_inputs(op, list(zip(_FORWARD_NAMES, (input, weights, bias, old_h, old_cell))))
+    check_dim(op, "input", input, 2, "(batch, features)")
+    check_dim(op, "old_h", old_h, 2, "(batch, state)")
+    check_dim(op, "old_cell", old_cell, 2, "(batch, state)")
+    check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
+    check_dim(op, "bias", bias, 1, "(3 * state)")
     (batch, features), state = input.shape, old_h.shape[1]
-    _check_size(op, "old_h", old_h, 0, batch, "batch size of `input`")
-    torch._check_value(old_cell.shape == old_h.shape,
-                       lambda: f"{op}: `old_cell` must have the shape of `old_h` "
-                               f"{list(old_h.shape)}, got {list(old_cell.shape)}")
-    _check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `old_h`")
-    _check_size(op, "weights", weights, 1, state + features,
-                "state size of `old_h` + features of `input`")
-    _check_size(op, "bias", bias, 0, 3 * state, "3 * state size of `old_h`")
+    check_size(op, "old_h", old_h, 0, batch, "batch size of `input`")
+    check_same_shape(op, "old_cell", old_cell, "old_h", old_h)
+    check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `old_h`")
+    check_size(op, "weights", weights, 1, state + features,
+               "state size of `old_h` + features of `input`")
+    check_size(op, "bias", bias, 0, 3 * state, "3 * state size of `old_h`")
     return (input.new_empty(batch, state), input.new_empty(batch, state),
             input.new_empty(batch, 3 * state))
 
 
 @torch.library.register_fake("extops::lltm_backward")
 def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
+    # workbook/lltm_checks.h's check_backward_inputs, check for check.
     op = "lltm_backward"
     tensors = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
-    _check_same_dtype_and_device(op, _BACKWARD_NAMES, tensors)
-    _check_dim(op, "new_cell", new_cell, 2, "(batch, state)")
-    _check_dim(op, "gates", gates, 2, "(batch, 3 * state)")
-    _check_dim(op, "input", input, 2, "(batch, features)")
-    _check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
+    check_inputs(op, list(zip(_BACKWARD_NAMES, tensors)))
+    check_dim(op, "new_cell", new_cell, 2, "(batch, state)")
+    check_dim(op, "gates", gates, 2, "(batch, 3 * state)")
+    check_dim(op, "input", input, 2, "(batch, features)")
+    check_dim(op, "weights", weights, 2, "(3 * state, state + features)")
     for name, t in (("grad_h", grad_h), ("grad_cell", grad_cell), ("old_h", old_h)):
-        torch._check_value(t.shape == new_cell.shape,
-                           lambda: f"{op}: `{name}` must have the shape of `new_cell` "
-                                   f"{list(new_cell.shape)}, got {list(t.shape)}")
+        check_same_shape(op, name, t, "new_cell", new_cell)
     (batch, state), features = new_cell.shape, input.shape[1]
-    _check_size(op, "gates", gates, 0, batch, "batch size of `new_cell`")
-    _check_size(op, "gates", gates, 1, 3 * state, "3 * state size of `new_cell`")
-    _check_size(op, "input", input, 0, batch, "batch size of `new_cell`")
-    _check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `new_cell`")
-    _check_size(op, "weights", weights, 1, state + features,
-                "state size of `new_cell` + features of `input`")
+    check_size(op, "gates", gates, 0, batch, "batch size of `new_cell`")
+    check_size(op, "gates", gates, 1, 3 * state, "3 * state size of `new_cell`")
+    check_size(op, "input", input, 0, batch, "batch size of `new_cell`")
+    check_size(op, "weights", weights, 0, 3 * state, "3 * state size of `new_cell`")
+    check_size(op, "weights", weights, 1, state + features,
+               "state size of `new_cell` + features of `input`")
     return (input.new_empty(batch, features), weights.new_empty(3 * state, state + features),
             weights.new_empty(3 * state), input.new_empty(batch, state),
             input.new_empty(batch, state))
@@ -129,7 +91,7 @@ def lltm(input: Tensor, weights: Tensor, bias: Tensor, old_h: Tensor,
     dtype, float64, float32, float16 or bfloat16 (half and bfloat16 compute in float), on the CPU
     or a CUDA device. Inside a torch.autocast region the inputs are cast to the region's dtype
     (csrc/lltm/autocast/). Forward-mode AD and torch.func's gradient transforms are refused
-    (_checks.check_reverse_mode_only); torch.vmap works.
+    (errors.check_reverse_mode_only); torch.vmap works.
 
     The op itself, torch.ops.extops.lltm_forward, returns a third output, the pre-activation
     gates: an intermediate for its backward, not differentiable, and not part of this form.
@@ -192,7 +154,7 @@ class LLTM(torch.nn.Module):
         input_features = errors.call(check_size_arg, "extops.LLTM", "input_features",
                                      input_features)
         state_size = errors.call(check_size_arg, "extops.LLTM", "state_size", state_size)
-        if dtype is not None and dtype not in _DTYPES:
+        if dtype is not None and dtype not in errors.DTYPES:
             raise errors.ExtopsTypeError(
                 f"extops.LLTM: `dtype` must be torch.float64, float32, float16 or bfloat16 (or "
                 f"None: the default dtype), got {dtype}")

@@ -56,12 +56,13 @@ def bad_inputs(device: str) -> list[BadInput]:
 
     return [
         BadInput("int64_input", good(input=t(2, 3, dtype=torch.int64)),
-                 TypeError, r"`input` must be a floating-point tensor \(Double, Float, Half or "
-                 r"BFloat16\), got Long"),
+                 TypeError, r"`input` must be a float64, float32, float16 or bfloat16 tensor, got "
+                 r"torch.int64"),
         BadInput("int64_weights", good(weights=t(12, 7, dtype=torch.int64)),
-                 TypeError, r"`weights` must have dtype Float.* got Long"),
+                 TypeError, r"`weights` must have dtype torch.float32 \(the dtype of `input`\), "
+                 r"got torch.int64"),
         BadInput("float64_bias", good(bias=t(12, dtype=torch.float64)),
-                 TypeError, r"`bias` must have dtype Float.* got Double"),
+                 TypeError, r"`bias` must have dtype torch.float32 .* got torch.float64"),
         BadInput("input_3d", good(input=t(2, 3, 1)),
                  ValueError, r"`input` must have 2 dimensions .* got 3"),
         BadInput("old_h_1d", good(old_h=t(4)),
@@ -236,7 +237,7 @@ def check_backward_op_checks_its_inputs(backward_op) -> None:
     with pytest.raises(ValueError,
                        match=r"lltm_backward: `gates` must have size 12 in dimension 1"):
         backward_op(c, c, c, torch.zeros(2, 11), x, h, w)
-    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype Float"):
+    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype torch.float32"):
         backward_op(c, c, c, torch.zeros(2, 12), x, h, w.double())
 
 

@@ -33,10 +33,11 @@ def bad_inputs(device: str) -> list[BadInput]:
 
     return [
         BadInput("int64_x", bad(t(3, dtype=torch.int64), t(3)),
-                 TypeError, r"`x` must be a floating-point tensor \(Double, Float, Half or "
-                 r"BFloat16\), got Long"),
+                 TypeError, r"`x` must be a float64, float32, float16 or bfloat16 tensor, got "
+                 r"torch.int64"),
         BadInput("dtype_mismatch", bad(t(3), t(3, dtype=torch.float64)),
-                 TypeError, r"`y` must have dtype Float"),
+                 TypeError, r"`y` must have dtype torch.float32 \(the dtype of `x`\), got "
+                 r"torch.float64"),
         BadInput("shape_mismatch", bad(t(3, 4), t(4, 3)),
                  ValueError, r"`y` must have the shape of `x`"),
         BadInput("device_mismatch", bad(t(3), t(3, elsewhere=True)),

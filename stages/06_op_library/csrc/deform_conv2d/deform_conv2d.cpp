@@ -24,7 +24,7 @@
 // torch.compile(fullgraph=True) and run on meta tensors.
 //
 // `int[2]` accepts an int (broadcast to both dimensions by the dispatcher) or a list of any
-// length: the kernels' checks (workbook/deform_conv2d_checks.h) insist on exactly 2 values.
+// length: the kernels' checks (workbook/deform_conv2d.h) insist on exactly 2 values.
 //
 // deform_conv2d_backward returns (grad_input, grad_offset, grad_weight, grad_bias, grad_mask),
 // the gradients of the forward's input, offset, weight, bias and mask. output_mask says which of

@@ -32,7 +32,7 @@
 //   the offset and mask gradients.
 //
 // Sections: kernels, launchers (the ops), registration. The checks are in
-// workbook/deform_conv2d_checks.h and the bilinear arithmetic in workbook/bilinear.h, both shared
+// workbook/deform_conv2d.h and the bilinear arithmetic in workbook/bilinear.h, both shared
 // with the CUDA kernels of stage 07.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -52,8 +52,7 @@
 #include <vector>
 
 #include "workbook/bilinear.h"
-#include "workbook/deform_conv2d_checks.h"
-#include "workbook/deform_conv2d_chunks.h"
+#include "workbook/deform_conv2d.h"
 #include "workbook/host_device.h"
 
 namespace {
@@ -111,7 +110,7 @@ struct PaddedPlane {
 };
 
 // Column buffers (and the table) never exceed this: a batch is cut into chunks of whole images
-// when one fits, else one image into blocks of output rows (workbook/deform_conv2d_chunks.h,
+// when one fits, else one image into blocks of output rows (workbook/deform_conv2d.h,
 // the CUDA kernel's planner too, with a budget of its own). 32 MiB: large enough that the GEMMs
 // see thousands of positions, small enough not to matter next to a network's activations.
 constexpr int64_t kColumnBudgetBytes = int64_t{32} << 20;

@@ -38,7 +38,7 @@
 //   forward should take tens of microseconds, GEMM and column traffic about even.
 //
 // Sections: reference, kernels, launchers (the ops), registration. The input checks are
-// workbook/deform_conv2d_checks.h and the bilinear arithmetic workbook/bilinear.h, shared with
+// workbook/deform_conv2d.h and the bilinear arithmetic workbook/bilinear.h, shared with
 // the CPU kernel of stage 06 (../06_op_library/csrc/deform_conv2d/cpu/deform_conv2d_cpu.cpp), so
 // the CPU suite tests the arithmetic these kernels run. The schemas are in
 // ../06_op_library/csrc/deform_conv2d/deform_conv2d.cpp.
@@ -65,8 +65,7 @@
 #include <utility>
 
 #include "workbook/bilinear.h"
-#include "workbook/deform_conv2d_checks.h"
-#include "workbook/deform_conv2d_chunks.h"
+#include "workbook/deform_conv2d.h"
 #include "workbook/host_device.h"
 
 // ----------------------------------------------------------------------------------------------

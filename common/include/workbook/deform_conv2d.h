@@ -1,5 +1,6 @@
-// workbook/deform_conv2d_checks.h: the input checks of the deformable convolution ops, shared by
-// the CPU kernel (stage 06) and the CUDA kernel (stage 07).
+// workbook/deform_conv2d.h: what the deformable convolution's CPU kernel (stage 06) and CUDA
+// kernel (stage 07) share besides the bilinear arithmetic (bilinear.h): the op's geometry, the
+// checks of its inputs, and how a batch is cut into chunks.
 //
 //   deform_conv2d(input [N, C, H, W], offset [N, 2 G kh kw, Ho, Wo],
 //                 weight [O, C / groups, kh, kw], bias [O]?, stride, padding, dilation,
@@ -7,25 +8,29 @@
 //   deform_conv2d_backward(grad_output [N, O, Ho, Wo], input, offset, weight, mask?, stride,
 //                          padding, dilation, output_mask)
 //
-// Both return the op's geometry (sizes, groups, output size) once every check has passed. The
-// geometry is derived in 64-bit integers and each step is checked before it is used, so that no
-// size ever wraps around and nothing is divided or allocated on a bad input:
+// The checks return the op's geometry (sizes, groups, output size) once every one has passed.
+// The geometry is derived in 64-bit integers and each step is checked before it is used, so that
+// no size ever wraps around and nothing is divided or allocated on a bad input:
 //
 //   ValueError: deform_conv2d: `padding` [4611686018427387904, 0] is too large: height +
 //               2 * padding overflows a 64-bit integer (height 5)
 //
-// extops/deform_conv2d.py runs the same checks, in the same order and with the same messages, in
-// the ops' fake kernels, so an input fails alike on CPU tensors, meta tensors and under
-// torch.compile. Change one, change the other: the tests compare the two.
+// extops/deform_conv2d.py runs the same checks, in the same order and with the same messages
+// (workbook/checks.h's words, which extops/errors.py mirrors), in the ops' fake kernels, so an
+// input fails alike on CPU tensors, meta tensors and under torch.compile. Change one, change the
+// other: the tests compare the two on every bad input.
+//
+// Sections: geometry, checks, chunks.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +38,9 @@
 #include "workbook/checks.h"
 
 namespace workbook::deform_conv2d {
+
+// ----------------------------------------------------------------------------------------------
+// Geometry
 
 struct Geometry {
   int64_t batch, in_channels, height, width;
@@ -49,51 +57,10 @@ struct Geometry {
   int64_t channels_per_offset_group() const { return in_channels / offset_groups; }
 };
 
-// The dtype as Python prints it ("torch.float32"), so these messages read the same as the fake
-// kernels' f-strings. Types with a legacy C++ name are spelled out; the others' Python names are
-// their C++ names in lower case (Float8_e4m3fn -> float8_e4m3fn, UInt16 -> uint16).
-inline std::string dtype_name(at::ScalarType type) {
-  switch (type) {
-    case at::kDouble:
-      return "torch.float64";
-    case at::kFloat:
-      return "torch.float32";
-    case at::kHalf:
-      return "torch.float16";
-    case at::kBFloat16:
-      return "torch.bfloat16";
-    case at::kComplexDouble:
-      return "torch.complex128";
-    case at::kComplexFloat:
-      return "torch.complex64";
-    case at::kComplexHalf:
-      return "torch.complex32";
-    case at::kLong:
-      return "torch.int64";
-    case at::kInt:
-      return "torch.int32";
-    case at::kShort:
-      return "torch.int16";
-    case at::kChar:
-      return "torch.int8";
-    case at::kByte:
-      return "torch.uint8";
-    case at::kBool:
-      return "torch.bool";
-    default: {
-      std::string name = c10::toString(type);
-      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      return "torch." + name;
-    }
-  }
-}
+// ----------------------------------------------------------------------------------------------
+// Checks
 
 namespace detail {
-
-// An allow-list, not isFloatingType: a float8 input must be refused, not computed in float8.
-inline bool supported_dtype(at::ScalarType type) {
-  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-}
 
 inline void check_int_pair(at::IntArrayRef values, const Arg& arg, int64_t minimum,
                            const char* must_be) {
@@ -155,17 +122,11 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output, cons
   tensors.emplace_back(weight, weight_arg);
   if (has_bias) tensors.emplace_back(*bias, bias_arg);
   if (has_mask) tensors.emplace_back(*mask, mask_arg);
-  for (const auto& [t, arg] : tensors) check_defined(t, arg);
-
+  // checks.h's checks of every op, in its order: dense, floating, one dtype, one device.
+  for (const auto& [t, arg] : tensors) check_strided(t, arg);
   const auto& [first, first_arg] = tensors.front();
-  TORCH_CHECK_TYPE(supported_dtype(first.scalar_type()), describe(first_arg),
-                   " must be a float64, float32, float16 or bfloat16 tensor, got ",
-                   dtype_name(first.scalar_type()));
-  for (const auto& [t, arg] : tensors) {
-    TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(), describe(arg), " must have dtype ",
-                     dtype_name(first.scalar_type()), " (the dtype of `", first_arg.name,
-                     "`), got ", dtype_name(t.scalar_type()));
-  }
+  check_floating(first, first_arg);
+  for (const auto& [t, arg] : tensors) check_dtype(t, arg, first, first_arg);
   // Devices are compared before the device type, as checks.h does: a tensor left on another
   // device gets this message whichever kernel (or the fake one) the dispatcher picked.
   for (const auto& [t, arg] : tensors) check_same_device(t, arg, first, first_arg);
@@ -302,6 +263,65 @@ inline Geometry check_backward_inputs(const at::Tensor& grad_output, const at::T
                                       c10::DeviceType device) {
   return detail::check_common("deform_conv2d_backward", &grad_output, input, offset, weight,
                               std::nullopt, stride, padding, dilation, mask, device);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Chunks
+//
+// The kernels cut a batch into chunks, so that the column buffers of one chunk stay within a
+// memory budget of their own choosing (32 MiB on the CPU, 256 MiB on a GPU: its GEMMs want more
+// columns to fill it): chunks of whole images when one image fits the budget, else each image
+// into blocks of whole output rows. The plan is made once; the chunks are then visited in order,
+// the largest first, so a kernel allocates its buffers once, at that size.
+
+// One chunk of the work: images [n0, n0 + images), output positions [p0, p0 + positions) of each
+// (whole rows, so p0 is a multiple of Wo).
+struct Chunk {
+  int64_t n0, images, p0, positions;
+};
+
+// How a batch is cut: chunks of `images` whole images, or, when one image alone exceeds the
+// budget (then images == 1), blocks of `rows` output rows of each image.
+struct ChunkPlan {
+  int64_t images, rows;
+  // The positions of the largest chunk: what the buffers are allocated for.
+  int64_t most_positions(const Geometry& g) const { return images * rows * g.out_w; }
+};
+
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+
+// a * b, or kNoLimit where the product would overflow (a size that large exceeds any budget).
+inline int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  return c10::mul_overflows<int64_t>(a, b, &out) ? kNoLimit : out;
+}
+
+// bytes_per_position: the bytes of the buffers that grow with a chunk's positions. max_positions:
+// a cap on the positions of one chunk besides the budget (the CUDA kernel's deterministic
+// backward sorts fewer than 2^31 entries at once); the caller makes sure one output row is within
+// it. Empty geometries (no position) plan one chunk of everything, which visits nothing.
+inline ChunkPlan plan_chunks(const Geometry& g, int64_t bytes_per_position, int64_t budget_bytes,
+                             int64_t max_positions = kNoLimit) {
+  const int64_t positions = std::max<int64_t>(g.positions(), 1);
+  const int64_t image_bytes = saturating_mul(bytes_per_position, positions);
+  if (image_bytes <= budget_bytes && positions <= max_positions) {
+    const int64_t images = budget_bytes / std::max<int64_t>(image_bytes, 1);
+    return {std::min({g.batch, std::max<int64_t>(1, images), max_positions / positions}), g.out_h};
+  }
+  const int64_t row = std::max<int64_t>(g.out_w, 1);
+  const int64_t rows = budget_bytes / std::max<int64_t>(saturating_mul(bytes_per_position, row), 1);
+  return {1, std::min({g.out_h, std::max<int64_t>(1, rows), max_positions / row})};
+}
+
+// The chunks in order, fn(chunk) for each. The first is the largest.
+template <typename Fn>
+void for_each_chunk(const Geometry& g, const ChunkPlan& plan, const Fn& fn) {
+  for (int64_t n0 = 0; n0 < g.batch; n0 += plan.images) {
+    for (int64_t r0 = 0; r0 < g.out_h; r0 += plan.rows) {
+      fn(Chunk{n0, std::min(plan.images, g.batch - n0), r0 * g.out_w,
+               std::min(plan.rows, g.out_h - r0) * g.out_w});
+    }
+  }
 }
 
 }  // namespace workbook::deform_conv2d
