@@ -38,7 +38,7 @@ STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
-	lint gpu-check test-template fuzz sanitize exercise check test-exercises book book-check clean \
+	lint gpu-check test-template fuzz sanitize exercise verify test-exercises book book-check clean \
 	distclean env \
 	env-check $(STAGE_GOALS)
 
@@ -57,7 +57,7 @@ help:
 	@echo "  make exercise N  your copy of stage N to write, exercises/NN_name/, its exercises as TODOs"
 	@echo "                   RESET=1: start afresh; REVEAL=name: put one solution in (REVEAL=all: every one)"
 	@echo "                   diff -ru stages/NN_name exercises/NN_name shows the solutions"
-	@echo "  make check N     build your copy of stage N and run the stage's tests on it"
+	@echo "  make verify N    build your copy of stage N and run the stage's tests on it"
 	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
@@ -129,18 +129,18 @@ sanitize: $(ENV_READY)
 
 # `make exercise 2`: exercises/02_lltm_cpp, stage 2 with every EXERCISE region of its sources a
 # TODO; refuses to replace an existing copy unless RESET=1. REVEAL=name puts that exercise's
-# solution into the copy (REVEAL=all: every one); CHECK=1 checks the copy (= make check 2).
+# solution into the copy (REVEAL=all: every one); VERIFY=1 tests the copy (= make verify 2).
 exercise: $(ENV_READY)
-	@if [ -z "$(STAGE)" ]; then echo "usage: make exercise N [RESET=1 | REVEAL=name | CHECK=1]   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
-	@if [ -n "$(CHECK)" ]; then $(PY) -m workbook.teaching.exercises check $(STAGE); \
+	@if [ -z "$(STAGE)" ]; then echo "usage: make exercise N [RESET=1 | REVEAL=name | VERIFY=1]   (N: one of $(patsubst 0%,%,$(STAGE_NUMBERS)))"; exit 2; fi
+	@if [ -n "$(VERIFY)" ]; then $(PY) -m workbook.teaching.exercises verify $(STAGE); \
 	elif [ -n "$(REVEAL)" ]; then $(PY) -m workbook.teaching.exercises reveal $(STAGE) $(filter-out all,$(REVEAL)); \
 	else $(PY) -m workbook.teaching.exercises carve $(STAGE) $(if $(filter 1 yes true,$(RESET)),--reset); fi
 
-# `make check 2`: builds exercises/02_lltm_cpp under build/exercises/ and runs stage 2's tests on it
+# `make verify 2`: builds exercises/02_lltm_cpp under build/exercises/ and runs stage 2's tests on it
 # (PYTEST_ARGS="--tb=short -x": pytest options, say for the tracebacks).
-check: $(ENV_READY)
-	@if [ -z "$(STAGE)" ]; then echo "usage: make check N   (after make exercise N)"; exit 2; fi
-	@$(PY) -m workbook.teaching.exercises check $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+verify: $(ENV_READY)
+	@if [ -z "$(STAGE)" ]; then echo "usage: make verify N   (after make exercise N)"; exit 2; fi
+	@$(PY) -m workbook.teaching.exercises verify $(STAGE) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # Every stage carved in a temporary folder: the copy builds and fails the tests of its exercises
 # (without a GPU the CUDA exercises run on the emulated CUDA device; with WORKBOOK_CUDA=off they

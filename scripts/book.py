@@ -631,7 +631,7 @@ class Book:
         parts = ["<h1 id=\"exercises\">Exercises</h1>",
                  "<p>Each exercise is a marked region of a stage's own source. <code>make exercise "
                  "N</code> copies stage N to <code>exercises/NN_name/</code> with the regions cut "
-                 "out; <code>make check N</code> builds your copy and runs the stage's tests on "
+                 "out; <code>make verify N</code> builds your copy and runs the stage's tests on "
                  "it. Exercises in CUDA files ([GPU]) run on a GPU; elsewhere their tests are "
                  "skipped.</p>"]
         for s in self.stages:

@@ -32,10 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "common"))
+from workbook.build import stages
 
-from workbook.build import stages  # noqa: E402
+REPO = stages.REPO
 
 VIEWPORT = {"width": 1200, "height": 800}
 LOAD_TIMEOUT = 30.0

@@ -83,7 +83,7 @@ def notebook(values: dict[str, str]) -> str:
         markdown("## Right first\n\nOutputs and input gradients against the float64 reference, "
                  "with the tolerances of the op's descriptor."),
         code(f"sample = spec.make(spec.case(\"129x257\"))\n"
-             f"nb.check_against_reference({op}.{op}, spec, sample)"),
+             f"nb.show_against_reference({op}.{op}, spec, sample)"),
         markdown("## Then fast\n\nForward and backward against the reference in float32, over "
                  "a few sizes."),
         code(f"def inputs(rows):\n"
@@ -99,7 +99,7 @@ def notebook(values: dict[str, str]) -> str:
         code(f"nb.plot_sweep(results, rows, xlabel=\"rows\", title=\"{op}: forward and "
              f"backward\");"),
         markdown(f"## Exercises\n\n`make exercise {int(nn)}` copies this stage to "
-                 f"`exercises/` with each marked region cut out; `make check {int(nn)}` builds "
+                 f"`exercises/` with each marked region cut out; `make verify {int(nn)}` builds "
                  f"that copy and runs this stage's tests on it; `make exercise {int(nn)} RESET=1` "
                  f"starts again, and `diff -ru stages/{nn}_{op} exercises/{nn}_{op}` shows the "
                  f"solution.\n\n- `{op}-cpu-kernel` (csrc/cpu/{op}_cpu.cpp): the loop body, "

@@ -6,7 +6,6 @@ measured); `--render` of the committed LLTM report gives the committed Markdown.
 are reported by the benchmark, never asserted here.)"""
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -22,13 +21,9 @@ import torch
 from workbook import ops
 from workbook.build import builder, loader, stages
 from workbook.build.loader import import_stage
+from workbook.measure import harness
 from workbook.ops.lltm import reference
 from workbook.ops.spec import Case
-
-# bench/ is a package at the repository root (a top-level `lltm` module would shadow stage 05's).
-if str(stages.REPO) not in sys.path:
-    sys.path.insert(0, str(stages.REPO))
-harness = importlib.import_module("workbook.measure.harness")
 
 RUN = stages.REPO / "bench" / "run.py"
 OPS = harness.op_names()

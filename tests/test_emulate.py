@@ -6,6 +6,7 @@ mutated copy of stage 07's, for the emulated device (about a minute each on 2 co
 runs them in a fresh interpreter where the copy must not meet the stage's own kernels.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -178,9 +179,10 @@ print("limits ok")
 """
 
 
-def run_fresh(code: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_fresh(code: str, timeout: int = 900, env: dict | None = None
+              ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 @pytest.mark.cuda
@@ -202,7 +204,7 @@ import sys, torch
 from workbook import ops
 from workbook.build import emulate
 from workbook.ops.spec import compare
-sys.path.insert(0, LIB); import extops  # the stage's own build, with its CPU and CUDA kernels
+import extops  # the stage's own build (PYTHONPATH: mutant_env), with its CPU and CUDA kernels
 emulate.build_kernels("emulate_mutant_test", [SOURCE], BUILD)   # instead of the stage's own
 spec = ops.get("deform_conv2d")
 sample = spec.make(spec.case("b2_c4_o5_k3_pad1"), device=emulate.DEVICE, dtype=torch.float64)
@@ -221,15 +223,25 @@ def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
     assert text.count(mutation[0]) == 1, "the code to mutate moved: update the mutation"
     mutant = tmp_path / "deform_conv2d_cuda.cu"
     mutant.write_text(text.replace(*mutation))
-    return (f"from pathlib import Path\nLIB = {str(builder.build_stage(stage, quiet=True))!r}\n"
-            f"SOURCE = Path({str(mutant)!r})\nBUILD = Path({str(build_dir)!r})\n" +
-            MUTANT_CHECKS)
+    builder.build_stage(stage, quiet=True)
+    return (f"from pathlib import Path\nSOURCE = Path({str(mutant)!r})\n"
+            f"BUILD = Path({str(build_dir)!r})\n" + MUTANT_CHECKS)
+
+
+def mutant_env(env: dict | None = None) -> dict:
+    """`env` (this process's by default) with stage 07's ordinary build first on PYTHONPATH, where
+    MUTANT_CHECKS imports extops from."""
+    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stage.lib_dir),
+                                                      env.get("PYTHONPATH", "")]))
+    return env
 
 
 @pytest.mark.cuda
 def test_a_mutation_of_a_stage_kernel_fails_against_the_reference(tmp_path):
     code = mutant_script(tmp_path, SWAPPED, tmp_path / "build")
-    result = run_fresh(code)
+    result = run_fresh(code, env=mutant_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MUTANT CAUGHT" in result.stdout, result.stdout[-2000:]
 
@@ -258,7 +270,7 @@ def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
     base = tmp_path / "sanitize"
     # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.
     code = mutant_script(tmp_path, OFF_BY_ONE, base / "mutant")
-    env = sanitize.with_runtimes(sanitize.environment(base), sanitize.runtimes())
+    env = sanitize.with_runtimes(mutant_env(sanitize.environment(base)), sanitize.runtimes())
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=1200, env=env)
     reports = sanitize.Reports()
@@ -271,11 +283,12 @@ def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
 
 def test_the_benchmark_never_times_the_emulated_device(monkeypatch):
     """Even with WORKBOOK_CUDA=emulate, the benchmark's devices are the CPU and a real GPU."""
-    import importlib
+    import importlib.util
 
-    if str(stages.REPO) not in sys.path:
-        sys.path.insert(0, str(stages.REPO))
-    run = importlib.import_module("bench.run")
+    # bench/run.py is a script, not a module of a package: loaded from its path.
+    spec = importlib.util.spec_from_file_location("bench_run", stages.REPO / "bench" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
     monkeypatch.setenv("WORKBOOK_CUDA", "emulate")
     devices = run.devices_to_run("all")
     assert emulate.DEVICE not in devices and "cpu" in devices

@@ -69,7 +69,7 @@ def test_the_tests_named_for_each_exercise_exist(s):
 
 @pytest.mark.parametrize("s", STAGES, ids=stage_ids)
 def test_exercise_files_leave_torch_extension_h_to_the_bindings(s):
-    # `make check N` after an edit recompiles the edited file alone. torch/extension.h (pybind11
+    # `make verify N` after an edit recompiles the edited file alone. torch/extension.h (pybind11
     # and all of libtorch, over half a minute to compile on 2 cores) belongs in a file of its own
     # that the learner does not edit, as in stage 01 (csrc/bindings.cpp).
     for path in sorted({e.path for e in exercises.find(s) if e.comment == "//"}):
@@ -342,13 +342,13 @@ def test_the_command_line_lists_and_refuses_clearly(tmp_path):
     assert unknown.returncode == 2 and "unknown stage '42'" in unknown.stderr
     env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path))
     if not exercises.work_copy(stages.get(7)).exists():
-        missing = run(sys.executable, "-m", "workbook.teaching.exercises", "check", "7", env=env)
+        missing = run(sys.executable, "-m", "workbook.teaching.exercises", "verify", "7", env=env)
         assert missing.returncode == 2 and "`make exercise 7` makes one" in missing.stderr
 
 
 def test_make_help_lists_the_exercise_targets():
     out = run("make", "-s", "help").stdout
-    for target in ("make exercise N", "make check N", "make test-exercises"):
+    for target in ("make exercise N", "make verify N", "make test-exercises"):
         assert target in out, f"make help does not mention {target}"
 
 
@@ -366,13 +366,13 @@ def test_make_test_leaves_the_exercise_tests_to_make_test_exercises():
 @pytest.mark.exercises
 @pytest.mark.parametrize("s", STAGES, ids=stage_ids)
 def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
-    """Carve the stage, build the copy as `make check` does and run the tests of every exercise
+    """Carve the stage, build the copy as `make verify` does and run the tests of every exercise
     this machine can run: each must fail (the TODOs really remove the work). Exercises carved
     together may fail through one another (the LLTM backward needs its forward): each must fail,
     whatever the cause, and some failure must name an exercise.
 
     Without a GPU the exercises in CUDA files run on the emulated CUDA device (the copy's .cu
-    compiled for the CPU; the copy itself is built CPU-only, as `make check` does then). With
+    compiled for the CPU; the copy itself is built CPU-only, as `make verify` does then). With
     WORKBOOK_CUDA=off and no GPU they cannot run: the build compiles them, or, where no exercise
     runs here at all, the carved CUDA files are compiled alone (the stage's other files are its
     own, which `make test` builds); then the test is skipped, naming the missing GPU. A stage
@@ -384,7 +384,7 @@ def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
     nvcc = toolkit.find() is not None
     if runnable:
         cpu_only = s.cuda and s.cpu_fallback and testing.NO_CUDA is not None and not not_here
-        report = exercises.check(s, work, base=tmp_path / "check",
+        report = exercises.verify(s, work, base=tmp_path / "check",
                                  tests=[t for e in runnable for t in e.checked_by],
                                  env={"WORKBOOK_NO_CUDA": "1"} if cpu_only else None)
         assert report.built, f"the carved copy of {s.label} does not build"

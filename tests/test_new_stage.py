@@ -50,7 +50,8 @@ def test_new_stage_builds_and_passes_its_tests(tmp_path):
     fuzzed = run(sys.executable, "-m", "pytest", "-q", "tests/test_fuzz.py", "-k",
                  f"scale_add_at_stage_{number:02d}")
     assert "1 passed" in fuzzed, fuzzed[-2000:]
-    threads = run(sys.executable, "-m", "pytest", "-q", "tests/test_concurrency.py", "-k", key)
+    threads = run(sys.executable, "-m", "pytest", "-q", "tests/test_concurrency.py", "-k",
+                  "scale_add")
     assert "2 passed" in threads, threads[-2000:]
     out = tmp_path / "bench"
     run(sys.executable, "bench/run.py", "--op", "scale_add", "--smoke", "--device", "cpu",

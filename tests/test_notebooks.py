@@ -85,7 +85,7 @@ def test_stage_notebooks_end_with_their_exercises(path):
     text = "".join(last["source"])
     assert last["cell_type"] == "markdown" and text.startswith("## Exercises"), (
         f"{path.name}: the last cell is not the exercises: {text[:120]!r}")
-    for command in (f"make exercise {number}", f"make check {number}", "RESET=1", "diff -ru"):
+    for command in (f"make exercise {number}", f"make verify {number}", "RESET=1", "diff -ru"):
         assert command in text, f"{path.name}: the exercises do not say `{command}`"
     missing = [e.name for e in found if f"`{e.name}`" not in text]
     assert not missing, f"{path.name}: the exercises cell leaves out {missing}"

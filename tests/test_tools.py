@@ -27,11 +27,10 @@ needs_binutils = pytest.mark.skipif(
     reason="fix_abi.sh needs bash, nm and c++filt (binutils), and one of them is not installed",
 )
 
-# Imports stage 1 from the build folder given as argv[1], checks it against 2x + y, gradchecks it.
+# Imports stage 1 from the build folder first on PYTHONPATH (with_library), checks it against
+# 2x + y, gradchecks it.
 IMPORT_AND_GRADCHECK = """
-import sys
 import torch
-sys.path.insert(0, sys.argv[1])
 import z2xy
 x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
 y = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
@@ -49,6 +48,12 @@ def tool_env(**overrides) -> dict:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(overrides)
     return env
+
+
+def with_library(env: dict, lib_dir) -> dict:
+    """`env` with a built package's folder first on PYTHONPATH, where a child imports it from."""
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(lib_dir),
+                                                              env.get("PYTHONPATH", "")])))
 
 
 def run(cmd, env, timeout=120) -> subprocess.CompletedProcess:
@@ -80,7 +85,7 @@ def test_wrong_abi_round_trip(monkeypatch, tmp_path):
     assert not builder.is_up_to_date(stages.get(1))
 
     # 2. ... and importing it fails with the classic undefined symbol.
-    failed = run([sys.executable, "-c", IMPORT_AND_GRADCHECK, lib_dir], env)
+    failed = run([sys.executable, "-c", IMPORT_AND_GRADCHECK], with_library(env, lib_dir))
     assert failed.returncode != 0
     assert "undefined symbol" in failed.stderr
 
@@ -104,7 +109,7 @@ def test_wrong_abi_round_trip(monkeypatch, tmp_path):
     fixed = run(["bash", FIX_ABI, "1"], env, timeout=BUILD_TIMEOUT)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "FIXED" in fixed.stdout
-    good = run([sys.executable, "-c", IMPORT_AND_GRADCHECK, lib_dir], env)
+    good = run([sys.executable, "-c", IMPORT_AND_GRADCHECK], with_library(env, lib_dir))
     assert good.returncode == 0, good.stderr
     assert "gradcheck ok" in good.stdout
 

@@ -33,32 +33,32 @@ def z2xy(*args, **kwargs):
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], DTYPES))
 def test_against_reference(p):
-    testing.check_against_reference(z2xy, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(z2xy, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], DTYPES))
 def test_forward_records_nothing_without_grad(p):
-    testing.check_forward(z2xy, SPEC, p.sample(SPEC))
+    testing.assert_forward(z2xy, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(z2xy, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+    testing.assert_gradcheck(z2xy, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
 
 
 @pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
 def test_layouts(layout):
-    testing.check_layout(z2xy, SPEC, SPEC.make(SPEC.case("odd_129x7")), layout)
+    testing.assert_layout(z2xy, SPEC, SPEC.make(SPEC.case("odd_129x7")), layout)
 
 
 @pytest.mark.parametrize("name", [None, "x", "y"])
 def test_requires_grad_of_one(name):
-    testing.check_requires_grad_of_one(z2xy, SPEC, SPEC.make(SPEC.case("3x5")), name)
+    testing.assert_requires_grad_of_one(z2xy, SPEC, SPEC.make(SPEC.case("3x5")), name)
 
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu"]))
 def test_bad_input(device, bad):
-    testing.check_bad_input(z2xy, bad, device)
+    testing.assert_bad_input(z2xy, bad, device)
 
 
 def test_meta_tensors_are_refused():

@@ -31,33 +31,33 @@ def lltm(*args, **kwargs):
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], DTYPES))
 def test_against_reference(p):
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32]))
 def test_forward_records_nothing_without_grad(p):
-    testing.check_forward(lltm, SPEC, p.sample(SPEC))
+    testing.assert_forward(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+    testing.assert_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
 
 
 @pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
 def test_layouts(layout):
-    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33")), layout)
+    testing.assert_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33")), layout)
 
 
 @pytest.mark.parametrize("name", [None, *lltm_op.ARG_NAMES])
 def test_requires_grad_of_one(name):
-    testing.check_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
+    testing.assert_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
                                                              dtype=torch.float64), name)
 
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu"]))
 def test_bad_input(device, bad):
-    testing.check_bad_input(lltm, bad, device)
+    testing.assert_bad_input(lltm, bad, device)
 
 
 def test_meta_tensors_are_refused():
@@ -73,7 +73,7 @@ def test_not_a_tensor_raises_type_error():
 
 
 def test_module_initialises_uniformly_and_runs():
-    lltm_op.check_module(package().LLTM)
+    lltm_op.assert_module(package().LLTM)
 
 
 def test_module_rejects_empty_sizes():

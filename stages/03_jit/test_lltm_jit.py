@@ -40,22 +40,22 @@ def inline_example():
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32, torch.float64]))
 def test_against_reference(p):
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+    testing.assert_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
 
 
 @pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
 def test_layouts(layout):
-    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33")), layout)
+    testing.assert_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33")), layout)
 
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu"]))
 def test_bad_input(device, bad):
-    testing.check_bad_input(lltm, bad, device)
+    testing.assert_bad_input(lltm, bad, device)
 
 
 # -- the JIT build ----------------------------------------------------------------------------

@@ -35,12 +35,12 @@ def lltm(*args, **kwargs):
 
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, cases=lltm_op.CUDA_CASES))
 def test_against_reference(p):
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+    testing.assert_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
 
 
 @testing.requires_cuda
@@ -48,12 +48,12 @@ def test_gradcheck(p):
 def test_layouts_are_refused(layout):
     # Raw pointers assume dense rows: the front refuses strided inputs, saying what to do.
     sample = SPEC.make(SPEC.case("b5_f17_s33"), device=testing.CUDA)
-    testing.check_layout(lltm, SPEC, sample, layout, refused=r"must be contiguous.*contiguous\(\)")
+    testing.assert_layout(lltm, SPEC, sample, layout, refused=r"must be contiguous.*contiguous\(\)")
 
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, CUDA))
 def test_bad_input(device, bad):
-    testing.check_bad_input(lltm, bad, device)
+    testing.assert_bad_input(lltm, bad, device)
 
 
 # -- without a GPU: the stage builds, links and imports ------------------------------------------
@@ -85,18 +85,18 @@ def test_cpu_tensors_are_refused_naming_the_argument():
 
 @testing.requires_cuda
 def test_matches_the_cpu_extension_of_stage_02():
-    testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029),
+    testing.assert_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029),
                                    cpu_fn=import_stage(stages.get(2)).lltm)
 
 
 @testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture():
-    testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
+    testing.assert_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
 
 
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
-    testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
+    testing.assert_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
 
 
 # -- edge cases of the launch configuration (issue 14) ---------------------------------------------
@@ -106,15 +106,15 @@ def test_runs_on_the_inputs_device_not_the_current_one():
                                              batch0=False))
 def test_edge_cases(p):
     # Empty tensors (no launch), state 0 and 1, and batches past 65535 rows.
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 # -- past 2^31 elements: opt-in ------------------------------------------------------------------
 
-HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.check_past_2_31_elements
+HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.assert_past_2_31_elements
 
 
 @pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
                     reason=testing.huge_reason(HUGE_GIGABYTES) or "")
 def test_past_2_31_elements_in_bfloat16_row_by_row():
-    lltm_op.check_past_2_31_elements(lltm)
+    lltm_op.assert_past_2_31_elements(lltm)

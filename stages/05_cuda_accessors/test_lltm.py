@@ -46,28 +46,28 @@ def op(name: str):
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"]) +
                          testing.params(SPEC, [testing.CUDA], cases=lltm_op.CUDA_CASES))
 def test_against_reference(p):
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float32]))
 def test_forward_records_nothing_without_grad(p):
-    testing.check_forward(lltm, SPEC, p.sample(SPEC))
+    testing.assert_forward(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
+    testing.assert_gradcheck(lltm, SPEC, p.sample(SPEC), fast_mode=not p.case.full_gradcheck)
 
 
 @pytest.mark.parametrize("layout", ["strided", "permuted", "expanded"])
 @pytest.mark.parametrize("device", testing.device_params(DEVICES))
 def test_layouts(device, layout):
-    testing.check_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33"), device=device), layout)
+    testing.assert_layout(lltm, SPEC, SPEC.make(SPEC.case("b5_f17_s33"), device=device), layout)
 
 
 @pytest.mark.parametrize("name", [None, *lltm_op.ARG_NAMES])
 def test_requires_grad_of_one(name):
-    testing.check_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
+    testing.assert_requires_grad_of_one(lltm, SPEC, SPEC.make(SPEC.case("b2_f3_s4"),
                                                              dtype=torch.float64), name)
 
 
@@ -76,12 +76,12 @@ def test_requires_grad_of_one(name):
 @pytest.mark.parametrize(("device", "bad"),
                          testing.bad_input_params(SPEC, ["cpu", "meta", testing.CUDA]))
 def test_bad_input(device, bad):
-    testing.check_bad_input(lltm, bad, device)
+    testing.assert_bad_input(lltm, bad, device)
 
 
 @pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
 def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
-    testing.check_same_error_everywhere(lltm, bad, ["cpu", "meta"])
+    testing.assert_same_error_everywhere(lltm, bad, ["cpu", "meta"])
 
 
 # opcheck on every sample the reference tests use (float64: opcheck's own comparisons are exact
@@ -89,7 +89,7 @@ def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64]))
 def test_opcheck_forward(p, requires_grad):
-    testing.check_opcheck(op("lltm_forward").default, p.sample(SPEC, requires_grad))
+    testing.assert_opcheck(op("lltm_forward").default, p.sample(SPEC, requires_grad))
 
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
@@ -99,7 +99,7 @@ def test_opcheck_backward(p, requires_grad):
     # With inputs that require grad, test_aot_dispatch_dynamic differentiates through the backward
     # op, which raises by design (test_double_backward_raises_clearly): the other three run.
     tests = testing.OPCHECK_TESTS[:3] if requires_grad else testing.OPCHECK_TESTS
-    testing.check_opcheck(op("lltm_backward").default, sample, tests)
+    testing.assert_opcheck(op("lltm_backward").default, sample, tests)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -107,11 +107,11 @@ def test_compile_fullgraph_matches_eager(dynamic):
     torch.manual_seed(0)
     model = lltm_op.TwoSteps(package().LLTM)
     inputs = tuple(torch.randn(4, n).requires_grad_() for n in (8, 8, 16, 16))
-    testing.check_compiled(model, Sample("two_steps", inputs), dynamic=dynamic)
+    testing.assert_compiled(model, Sample("two_steps", inputs), dynamic=dynamic)
 
 
 def test_meta_inputs_run_the_fake_kernels():
-    lltm_op.check_fake_kernels(op("lltm_forward"), op("lltm_backward"))
+    lltm_op.assert_fake_kernels(op("lltm_forward"), op("lltm_backward"))
 
 
 # -- the package ----------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
 
 def test_imports_from_anywhere_without_the_workbook(tmp_path):
     name = STAGE.package
-    out = testing.check_imports_alone(STAGE, f"import torch, {name}\n"
+    out = testing.assert_imports_alone(STAGE, f"import torch, {name}\n"
                                       f"h, c = {name}.LLTM(3, 4)(torch.zeros(2, 3), "
                                       "(torch.zeros(2, 4), torch.zeros(2, 4)))\n"
                                       "print(tuple(h.shape), tuple(c.shape))", tmp_path)
@@ -134,28 +134,28 @@ def test_imports_from_anywhere_without_the_workbook(tmp_path):
 
 
 def test_module_initialises_uniformly_and_runs():
-    lltm_op.check_module(package().LLTM)
+    lltm_op.assert_module(package().LLTM)
 
 
 def test_not_a_tensor_raises_type_error():
-    lltm_op.check_not_a_tensor_raises(lltm)
+    lltm_op.assert_not_a_tensor_raises(lltm)
 
 
 def test_gates_output_takes_no_gradient():
-    lltm_op.check_gates_take_no_gradient(op("lltm_forward"))
+    lltm_op.assert_gates_take_no_gradient(op("lltm_forward"))
 
 
 @pytest.mark.parametrize("used", lltm_op.OP.output_names)
 def test_gradient_through_one_output_only(used):
-    lltm_op.check_gradient_through_one_output(lltm, used)
+    lltm_op.assert_gradient_through_one_output(lltm, used)
 
 
 def test_module_checks_its_arguments():
-    lltm_op.check_module_arguments(package().LLTM, f"{STAGE.package}.LLTM")
+    lltm_op.assert_module_arguments(package().LLTM, f"{STAGE.package}.LLTM")
 
 
 def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
-    testing.check_reverse_mode_only(lltm, SPEC.make(SPEC.case("b2_f3_s4"), dtype=torch.float64),
+    testing.assert_reverse_mode_only(lltm, SPEC.make(SPEC.case("b2_f3_s4"), dtype=torch.float64),
                                     "lltm")
 
 
@@ -164,15 +164,15 @@ def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu", "cuda"], [torch.bfloat16], batch0=False,
                                              cases=[SPEC.case("b5_f17_s33")]))
 def test_runs_inside_autocast_with_mixed_dtypes(p):
-    testing.check_autocast(lltm, SPEC, p.sample(SPEC))
+    testing.assert_autocast(lltm, SPEC, p.sample(SPEC))
 
 
 def test_double_backward_raises_clearly():
-    lltm_op.check_double_backward_raises(lltm)
+    lltm_op.assert_double_backward_raises(lltm)
 
 
 def test_backward_op_checks_its_inputs():
-    lltm_op.check_backward_op_checks_its_inputs(op("lltm_backward"))
+    lltm_op.assert_backward_op_checks_its_inputs(op("lltm_backward"))
 
 
 # -- on CUDA: a GPU or the emulated device (a few on a GPU alone) --------------------------------
@@ -180,12 +180,12 @@ def test_backward_op_checks_its_inputs():
 
 @testing.requires_cuda
 def test_cuda_matches_cpu():
-    testing.check_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029))
+    testing.assert_cuda_matches_cpu(lltm, SPEC, SPEC.case("b5_f17_s33").with_sizes(state=1029))
 
 
 @testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture():
-    testing.check_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
+    testing.assert_graph_capture(lltm, SPEC, lltm_op.CUDA_CASES[-2])
 
 
 @testing.requires_gpu("mode=\"reduce-overhead\" (CUDA graphs)")
@@ -194,13 +194,13 @@ def test_compile_reduce_overhead_on_cuda():
     torch.manual_seed(0)
     model = lltm_op.TwoSteps(package().LLTM).cuda()
     inputs = [torch.randn(4, n, device="cuda").requires_grad_() for n in (8, 8, 16, 16)]
-    testing.check_compiled(model, Sample("two_steps", tuple(inputs)), calls=2,
+    testing.assert_compiled(model, Sample("two_steps", tuple(inputs)), calls=2,
                            mode="reduce-overhead")
 
 
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
-    testing.check_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
+    testing.assert_runs_on_inputs_device(lltm, SPEC, SPEC.case("b5_f17_s33"))
 
 
 # -- edge cases of the launch configuration (issue 14) ---------------------------------------------
@@ -213,23 +213,23 @@ def test_runs_on_the_inputs_device_not_the_current_one():
                          testing.params(SPEC, [testing.CUDA], cases=lltm_op.CUDA_EDGE_CASES,
                                         batch0=False))
 def test_edge_cases(p):
-    testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, DEVICES, [torch.float64],
                                              cases=lltm_op.CPU_EDGE_CASES, batch0=False))
 def test_opcheck_edge_cases(p):
-    testing.check_opcheck(op("lltm_forward").default, p.sample(SPEC))
+    testing.assert_opcheck(op("lltm_forward").default, p.sample(SPEC))
     sample = lltm_op.backward_sample(p.sample(SPEC), op("lltm_forward"), requires_grad=False)
-    testing.check_opcheck(op("lltm_backward").default, sample)
+    testing.assert_opcheck(op("lltm_backward").default, sample)
 
 
 # -- past 2^31 elements: opt-in ------------------------------------------------------------------
 
-HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.check_past_2_31_elements
+HUGE_GIGABYTES = 96  # an estimated peak of 70 GB: see lltm_op.assert_past_2_31_elements
 
 
 @pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,
                     reason=testing.huge_reason(HUGE_GIGABYTES) or "")
 def test_past_2_31_elements_in_bfloat16_row_by_row():
-    lltm_op.check_past_2_31_elements(lltm)
+    lltm_op.assert_past_2_31_elements(lltm)

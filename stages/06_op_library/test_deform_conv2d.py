@@ -41,65 +41,65 @@ def deform_conv2d(*args, **kwargs):
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], ALL_DTYPES))
 def test_against_reference(p):
-    testing.check_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 def test_forward_mode_and_torch_func_refused_by_name_vmap_works():
     sample = SPEC.make(SPEC.case("b2_c4_o5_k3_pad1"), dtype=torch.float64)
-    testing.check_reverse_mode_only(deform_conv2d, sample, "deform_conv2d")
+    testing.assert_reverse_mode_only(deform_conv2d, sample, "deform_conv2d")
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.bfloat16], batch0=False,
                                              cases=[SPEC.case("b2_c4_o5_k3_pad1")]))
 def test_runs_inside_autocast_with_mixed_dtypes(p):
-    testing.check_autocast(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_autocast(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32]))
 def test_forward_records_nothing_without_grad(p):
-    testing.check_forward(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_forward(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64], batch0=False))
 def test_gradcheck(p):
-    testing.check_gradcheck(deform_conv2d, SPEC, p.sample(SPEC),
+    testing.assert_gradcheck(deform_conv2d, SPEC, p.sample(SPEC),
                             fast_mode=not p.case.full_gradcheck)
 
 
 @pytest.mark.parametrize("layout", SPEC.layouts)
 def test_layouts(layout):
     sample = SPEC.make(SPEC.case("b2_c4_o5_k3_pad1"), dtype=torch.float64)
-    testing.check_layout(deform_conv2d, SPEC, sample, layout)
+    testing.assert_layout(deform_conv2d, SPEC, sample, layout)
 
 
 @pytest.mark.parametrize("name", [None, "input", "offset", "weight", "bias", "mask"])
 def test_requires_grad_of_one(name):
     sample = SPEC.make(SPEC.case("torchvision_b1"), dtype=torch.float64)
-    testing.check_requires_grad_of_one(deform_conv2d, SPEC, sample, name)
+    testing.assert_requires_grad_of_one(deform_conv2d, SPEC, sample, name)
 
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, ["cpu", "meta"]))
 def test_bad_input(device, bad):
-    testing.check_bad_input(deform_conv2d, bad, device)
+    testing.assert_bad_input(deform_conv2d, bad, device)
 
 
 @pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
 def test_bad_input_same_message_from_kernel_and_fake_kernel(bad):
-    testing.check_same_error_everywhere(deform_conv2d, bad, ["cpu", "meta"])
+    testing.assert_same_error_everywhere(deform_conv2d, bad, ["cpu", "meta"])
 
 
 @pytest.mark.parametrize("bad", [b for b in SPEC.bad_inputs("cpu") if b.name in (
     "offset_channels_not_kernel_multiple", "mask_spatial", "stride_zero", "padding_past_64_bits",
     "offset_on_another_device", "float64_offset", "bias_2d")], ids=str)
 def test_bad_input_compiled(bad):
-    testing.check_bad_input_compiled(package().deform_conv2d, bad, "cpu")
+    testing.assert_bad_input_compiled(package().deform_conv2d, bad, "cpu")
 
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64]))
 def test_opcheck(p, requires_grad):
     package()
-    testing.check_opcheck(torch.ops.extops.deform_conv2d.default, p.sample(SPEC, requires_grad))
+    testing.assert_opcheck(torch.ops.extops.deform_conv2d.default, p.sample(SPEC, requires_grad))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float64]))
@@ -114,13 +114,13 @@ def test_opcheck_backward(p):
             named["padding"], named["dilation"], [True, True, True, bias is not None,
                                                   mask is not None])
     # Not test_aot_dispatch_dynamic: no input requires grad, and the op has no derivative.
-    testing.check_opcheck(torch.ops.extops.deform_conv2d_backward.default,
+    testing.assert_opcheck(torch.ops.extops.deform_conv2d_backward.default,
                           Sample("backward", args), testing.OPCHECK_TESTS[:3])
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_compile_fullgraph_matches_eager(dynamic):
-    testing.check_compiled(package().deform_conv2d, SPEC.make(SPEC.case("b2_c4_o5_k3_pad1")),
+    testing.assert_compiled(package().deform_conv2d, SPEC.make(SPEC.case("b2_c4_o5_k3_pad1")),
                            dynamic=dynamic)
 
 
@@ -291,7 +291,7 @@ def test_module_arguments_are_checked():
 
 
 def test_imports_from_anywhere_without_the_workbook(tmp_path):
-    out = testing.check_imports_alone(STAGE, "import torch, extops\n"
+    out = testing.assert_imports_alone(STAGE, "import torch, extops\n"
                                       "x = torch.randn(1, 4, 6, 6, requires_grad=True)\n"
                                       "y = extops.DCNv2(4, 5, 3, padding=1)(x)\n"
                                       "y.sum().backward()\n"

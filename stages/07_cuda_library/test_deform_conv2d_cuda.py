@@ -76,7 +76,7 @@ def test_this_stage_is_the_production_library():
 
 
 def test_imports_from_anywhere_without_the_workbook(tmp_path):
-    out = testing.check_imports_alone(STAGE, "import torch, extops\n"
+    out = testing.assert_imports_alone(STAGE, "import torch, extops\n"
                                       "x = torch.randn(1, 4, 6, 6, requires_grad=True)\n"
                                       "y = extops.DCNv2(4, 5, 3, padding=1)(x)\n"
                                       "y.sum().backward()\n"
@@ -88,7 +88,7 @@ def test_imports_from_anywhere_without_the_workbook(tmp_path):
     SPEC, ["cpu"], [torch.float64, torch.float32],
     cases=[SPEC.case("torchvision_b2_no_mask_no_bias"), SPEC.case("b3_c8_o4_g4_og2_k3_s2_d2")]))
 def test_cpu_path_still_matches_the_reference(p):
-    testing.check_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 # -- on CUDA, against the references, on the shared test base --------------------------------------
@@ -96,17 +96,17 @@ def test_cpu_path_still_matches_the_reference(p):
 
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, ALL_DTYPES))
 def test_against_reference(p, backward_mode):
-    testing.check_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_against_reference(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, [torch.float32]))
 def test_forward_records_nothing_without_grad(p):
-    testing.check_forward(deform_conv2d, SPEC, p.sample(SPEC))
+    testing.assert_forward(deform_conv2d, SPEC, p.sample(SPEC))
 
 
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, [torch.float64], batch0=False))
 def test_gradcheck(p, backward_mode):
-    testing.check_gradcheck(deform_conv2d, SPEC, p.sample(SPEC),
+    testing.assert_gradcheck(deform_conv2d, SPEC, p.sample(SPEC),
                             fast_mode=not p.case.full_gradcheck,
                             nondet_tol=NONDET_TOL[backward_mode])
 
@@ -114,13 +114,13 @@ def test_gradcheck(p, backward_mode):
 @testing.requires_cuda
 @pytest.mark.parametrize("layout", SPEC.layouts)
 def test_layouts(layout):
-    testing.check_layout(deform_conv2d, SPEC, cuda_sample("b2_c4_o5_k3_pad1"), layout)
+    testing.assert_layout(deform_conv2d, SPEC, cuda_sample("b2_c4_o5_k3_pad1"), layout)
 
 
 @testing.requires_cuda
 @pytest.mark.parametrize("name", [None, "input", "offset", "weight", "bias", "mask"])
 def test_requires_grad_of_one(name, backward_mode):
-    testing.check_requires_grad_of_one(deform_conv2d, SPEC, cuda_sample("torchvision_b1"), name)
+    testing.assert_requires_grad_of_one(deform_conv2d, SPEC, cuda_sample("torchvision_b1"), name)
 
 
 def cuda_sample(case: str, dtype=torch.float64) -> Sample:
@@ -132,7 +132,7 @@ def cuda_sample(case: str, dtype=torch.float64) -> Sample:
 
 @pytest.mark.parametrize(("device", "bad"), testing.bad_input_params(SPEC, CUDA))
 def test_bad_input(device, bad):
-    testing.check_bad_input(deform_conv2d, bad, device)
+    testing.assert_bad_input(deform_conv2d, bad, device)
 
 
 def left_on_the_cpu(name: str) -> BadInput:
@@ -152,7 +152,7 @@ def left_on_the_cpu(name: str) -> BadInput:
 @testing.requires_cuda
 @pytest.mark.parametrize("name", ["input", "offset", "weight", "bias", "mask"])
 def test_a_tensor_left_on_the_cpu_is_refused(name):
-    testing.check_bad_input(deform_conv2d, left_on_the_cpu(name), testing.CUDA)
+    testing.assert_bad_input(deform_conv2d, left_on_the_cpu(name), testing.CUDA)
 
 
 def check_backward_op_refuses_a_tensor_on_the_cpu(name: str) -> None:
@@ -179,7 +179,7 @@ def test_backward_op_refuses_a_tensor_on_the_cpu(name):
 @testing.requires_cuda
 @pytest.mark.parametrize("bad", SPEC.bad_inputs("cpu"), ids=str)
 def test_bad_input_same_message_from_cuda_kernel_and_fake_kernel(bad):
-    testing.check_same_error_everywhere(deform_conv2d, bad, [testing.CUDA, "meta"])
+    testing.assert_same_error_everywhere(deform_conv2d, bad, [testing.CUDA, "meta"])
 
 
 @testing.requires_cuda
@@ -187,7 +187,7 @@ def test_bad_input_same_message_from_cuda_kernel_and_fake_kernel(bad):
     "offset_channels_not_kernel_multiple", "mask_spatial", "stride_zero", "padding_past_64_bits",
     "offset_on_another_device", "float64_offset", "bias_2d")], ids=str)
 def test_bad_input_compiled(bad):
-    testing.check_bad_input_compiled(package().deform_conv2d, bad, testing.CUDA)
+    testing.assert_bad_input_compiled(package().deform_conv2d, bad, testing.CUDA)
 
 
 # -- opcheck and torch.compile ---------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_bad_input_compiled(bad):
 @pytest.mark.parametrize("p", testing.params(SPEC, CUDA, [torch.float64]))
 def test_opcheck(p, requires_grad):
     package()
-    testing.check_opcheck(torch.ops.extops.deform_conv2d.default, p.sample(SPEC, requires_grad))
+    testing.assert_opcheck(torch.ops.extops.deform_conv2d.default, p.sample(SPEC, requires_grad))
 
 
 def backward_sample(sample: Sample) -> Sample:
@@ -215,7 +215,7 @@ def backward_sample(sample: Sample) -> Sample:
 def test_opcheck_backward(p, backward_mode):
     package()
     # Not test_aot_dispatch_dynamic: no input requires grad, and the op has no derivative.
-    testing.check_opcheck(torch.ops.extops.deform_conv2d_backward.default,
+    testing.assert_opcheck(torch.ops.extops.deform_conv2d_backward.default,
                           backward_sample(p.sample(SPEC, requires_grad=False)),
                           testing.OPCHECK_TESTS[:3])
 
@@ -223,24 +223,24 @@ def test_opcheck_backward(p, backward_mode):
 @testing.requires_cuda
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_compile_fullgraph_matches_eager(dynamic):
-    testing.check_compiled(package().deform_conv2d, cuda_sample("b2_c4_o5_k3_pad1", torch.float32),
+    testing.assert_compiled(package().deform_conv2d, cuda_sample("b2_c4_o5_k3_pad1", torch.float32),
                            dynamic=dynamic)
 
 
 @testing.requires_gpu("mode=\"reduce-overhead\" (CUDA graphs)")
 def test_compile_reduce_overhead_replays_a_cuda_graph():
-    testing.check_compiled(package().deform_conv2d, cuda_sample("b2_c4_o5_k3_pad1", torch.float32),
+    testing.assert_compiled(package().deform_conv2d, cuda_sample("b2_c4_o5_k3_pad1", torch.float32),
                            calls=2, mode="reduce-overhead")
 
 
 @testing.requires_gpu("CUDA graph capture")
 def test_runs_on_the_current_stream_under_graph_capture(backward_mode):
-    testing.check_graph_capture(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
+    testing.assert_graph_capture(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
 
 
 @testing.requires_two_gpus
 def test_runs_on_the_inputs_device_not_the_current_one():
-    testing.check_runs_on_inputs_device(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
+    testing.assert_runs_on_inputs_device(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
 
 
 # -- against torchvision and the plain PyTorch baselines (default mode) ----------------------------
@@ -403,7 +403,7 @@ def test_batch_0_and_over_32_match_the_cpu_kernel(batch, backward_mode):
 
 @testing.requires_cuda
 def test_float32_matches_the_cpu_kernel(backward_mode):
-    testing.check_cuda_matches_cpu(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
+    testing.assert_cuda_matches_cpu(deform_conv2d, SPEC, SPEC.case("b2_c16_o16_16x16_k3"))
 
 
 # -- reproducible: the deterministic backward, bitwise, run to run ---------------------------------

@@ -31,7 +31,7 @@
 //   shows in the output and the offset and mask gradients. All its corners are invalid, so a
 //   kernel that scatters into the input's gradient skips it (it has no place to go).
 //
-// Use: Sample<T> s = locate(y, x, height, width), then s.valid(c) and s.index(c) for the corners
+// Use: Point<T> s = locate(y, x, height, width), then s.valid(c) and s.index(c) for the corners
 // (64-bit plane indices, 0 for an invalid corner so a load stays in bounds), s.weight(c),
 // s.d_weight_dy(c), s.d_weight_dx(c); interpolate(plane, s) gathers the value. T is the compute
 // type: float for float, half and bfloat16 data, double for double.
@@ -45,7 +45,7 @@
 namespace workbook::bilinear {
 
 template <typename T>
-struct Sample {
+struct Point {
   int64_t height, width;  // of the plane
   int64_t y0, x0;         // corner c0 (row, column); 0 when !in_range
   T ly, lx;               // fractional parts: in [0, 1) in range, 0 outside, NaN for NaN input
@@ -77,8 +77,8 @@ struct Sample {
 
 // Where (y, x), in pixels of a height x width plane, falls: see the conventions above.
 template <typename T>
-WORKBOOK_HOST_DEVICE inline Sample<T> locate(T y, T x, int64_t height, int64_t width) {
-  Sample<T> s{height, width, 0, 0, T(0), T(0), false};
+WORKBOOK_HOST_DEVICE inline Point<T> locate(T y, T x, int64_t height, int64_t width) {
+  Point<T> s{height, width, 0, 0, T(0), T(0), false};
   // Comparisons first, in floating point: false for NaN, and +-inf or 1e30 never reach a cast.
   s.in_range = y >= T(-1) && y < static_cast<T>(height) && x >= T(-1) && x < static_cast<T>(width);
   if (s.in_range) {
@@ -96,7 +96,7 @@ WORKBOOK_HOST_DEVICE inline Sample<T> locate(T y, T x, int64_t height, int64_t w
 // The bilinear value at s from a row-major plane (any element type convertible to T). Invalid
 // corners read as 0 but still multiply their weight, so a NaN weight makes the value NaN.
 template <typename T, typename scalar_t>
-WORKBOOK_HOST_DEVICE inline T interpolate(const scalar_t* plane, const Sample<T>& s) {
+WORKBOOK_HOST_DEVICE inline T interpolate(const scalar_t* plane, const Point<T>& s) {
   T value = T(0);
   for (int c = 0; c < 4; ++c) {
     const T v = s.valid(c) ? static_cast<T>(plane[s.index(c)]) : T(0);

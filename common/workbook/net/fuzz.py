@@ -2,14 +2,14 @@
 
 An `Example` is one drawn call of an op: a `Case` of its descriptor (sizes, 0 and 1 included),
 a dtype, a memory layout per tensor argument, which arguments require grad, the seed of the
-values and the number of CPU threads. `check(fn, spec, example)` builds the sample with the
+values and the number of CPU threads. `assert_example(fn, spec, example)` builds the sample with the
 descriptor's input maker, stores each tensor in its layout and compares fn with the float64
 reference (workbook.ops.spec.compare: outputs and the gradient of every input that requires grad,
 within the descriptor's tolerances for the dtype). A failing example's repr is the reproducer:
 
     from workbook import ops
     from workbook.net import fuzz
-    fuzz.check(extops.lltm, ops.get("lltm"), fuzz.Example(...))      # as hypothesis printed it
+    fuzz.assert_example(extops.lltm, ops.get("lltm"), fuzz.Example(...))  # as hypothesis printed
 
 What each op's sizes are is the op's own knowledge, in its folder (ops/<op>/fuzz.py); `test_of`
 makes one hypothesis test of an op as one stage implements it (tests/test_fuzz.py makes them for
@@ -57,7 +57,8 @@ def settings(*, ci: int, long: int) -> hypothesis_settings:
 
 
 # ----------------------------------------------------------------------------------------------
-# Layouts: opspec's (the ones the stage tests use), plus contiguous, a storage offset and a slice
+# Layouts: workbook.ops.spec's (the ones the stage tests use), plus contiguous, a storage offset and
+# a slice
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,7 @@ STORES: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def relayout_each(sample: Sample, layouts: Mapping[str, str]) -> Sample:
     """The sample with each tensor argument stored in its own layout (name -> layout; missing:
-    contiguous): leaves with the same requires_grad, as opspec.relayout makes them."""
+    contiguous): leaves with the same requires_grad, as spec.relayout makes them."""
     def move(name, t):
         with torch.no_grad():
             moved = STORES[layouts.get(name, "contiguous")](t.detach())
@@ -104,7 +105,7 @@ def relayout_each(sample: Sample, layouts: Mapping[str, str]) -> Sample:
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One drawn call: its repr is a reproducer (pass it to `check`; Case is
+    """One drawn call: its repr is a reproducer (pass it to `assert_example`; Case is
     workbook.ops.spec's)."""
 
     case: Case
@@ -155,7 +156,7 @@ def _describe(example: Example, names: Sequence[str]) -> None:
             event(f"{key} {size}")
 
 
-def check(fn: Callable, spec: OpSpec, example: Example) -> None:
+def assert_example(fn: Callable, spec: OpSpec, example: Example) -> None:
     """fn on the example against the float64 reference, with `example.threads` CPU threads."""
     sample = example.sample(spec)
     threads = torch.get_num_threads()
@@ -182,7 +183,7 @@ def test_of(implementation: ops.Implementation) -> Callable[..., None]:
     @settings(ci=drawn.EXAMPLES["ci"], long=drawn.EXAMPLES["long"])
     @given(examples(spec, drawn.cases()))
     def test(example):
-        check(implementation.function(), spec, example)
+        assert_example(implementation.function(), spec, example)
 
     test.__name__ = test.__qualname__ = (f"test_{implementation.op}_at_stage_"
                                          f"{implementation.stage.number:02d}")

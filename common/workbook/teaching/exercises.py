@@ -20,8 +20,8 @@ properties (forward, gradients, gradcheck, bad inputs, opcheck, ...) fail.
                                                           what, tests
     python -m workbook.teaching.exercises carve N [--reset]   exercises/NN_name with TODOs
                                                           (make exercise N)
-    python -m workbook.teaching.exercises check N [-- OPTIONS]    build it, run the tests
-                                                          (make check N)
+    python -m workbook.teaching.exercises verify N [-- OPTIONS]    build it, run the tests
+                                                          (make verify N)
     python -m workbook.teaching.exercises reveal N [NAME ...] put solutions into it (make exercise
                                                           N REVEAL=NAME; REVEAL=all: every one)
 
@@ -386,7 +386,7 @@ def _c_string(text: str) -> str:
 def todo_message(e: Exercise) -> str:
     """The run-time message of a region not done yet: names the exercise, the task, the file."""
     return (f"exercise {e.name} is not done yet: {e.task} (in {e.relpath}; "
-            f"make check {e.stage.number})")
+            f"make verify {e.stage.number})")
 
 
 def _tests_line(e: Exercise) -> str:
@@ -403,7 +403,7 @@ def stub(e: Exercise, text: str | None = None) -> list[str]:
     stays empty: device code cannot raise)."""
     c, pad = e.comment, e.indent
     todo = (f"TODO(exercise {e.name}): {e.task}. Checked by {_tests_line(e)} "
-            f"(make check {e.stage.number}).")
+            f"(make verify {e.stage.number}).")
     if e.gpu_only:
         todo += (" Its tests run on a GPU, or without one on the emulated CUDA device "
                  "(workbook/build/emulate.py).")
@@ -495,7 +495,7 @@ def carve(number_or_stage: int | str | Stage, destination: Path | None = None, *
     if target.exists():
         if not reset:
             raise FileExistsError(
-                f"{_show(target)} exists already (your work): `make check {s.number}` checks it; "
+                f"{_show(target)} exists already (your work): `make verify {s.number}` checks it; "
                 f"`make exercise {s.number} RESET=1` replaces it with a fresh copy")
         kept = build_root() / "exercises" / s.folder / "previous"
         shutil.rmtree(kept, ignore_errors=True)
@@ -528,7 +528,7 @@ def instructions(s: Stage, found: Sequence[Exercise], target: Path) -> str:
         f"{'s' * (len(found) != 1)} to write:", *rows, "",
         "Each is a TODO between its `EXERCISE <name>` and `END EXERCISE <name>` comments: "
         "write the code there.",
-        *_columns([(f"make check {s.number}", "build your copy and run the stage's tests on it"),
+        *_columns([(f"make verify {s.number}", "build your copy and run the stage's tests on it"),
                    (f"make exercise {s.number} RESET=1", "start again from a fresh copy"),
                    (f"make exercise {s.number} REVEAL={found[0].name}",
                     "put that solution into your copy"),
@@ -679,7 +679,7 @@ def _property(function: str) -> str:
     return name.removeprefix("test_").replace("_", " ")
 
 
-def check(number_or_stage: int | str | Stage, work: Path | None = None, *,
+def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
           base: Path | None = None, pytest_args: Sequence[str] = (),
           tests: Sequence[str] | None = None, env: dict | None = None) -> Report:
     """Build the work copy of stage N under its own build folder and run the stage's tests on it
@@ -723,7 +723,7 @@ def check(number_or_stage: int | str | Stage, work: Path | None = None, *,
     report = Report(s, built)
     if not built:
         print(f"[check] your copy of {s.label} does not build: the first compiler errors are "
-              f"above; fix them and run `make check {s.number}` again")
+              f"above; fix them and run `make verify {s.number}` again")
         return report
 
     junit = base / "report.xml"
@@ -807,7 +807,7 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
                   f"{', '.join(blockers)}: they need that too)")
     failed_functions = sorted({r.function for r in report.failed()})
     if failed_functions:
-        print(f"  failing properties (a message each; `make check {s.number} "
+        print(f"  failing properties (a message each; `make verify {s.number} "
               f"PYTEST_ARGS=--tb=short` shows the tracebacks):")
     for function in failed_functions:
         failed = [r for r in by_function[function] if r.outcome == "failed"]
@@ -828,14 +828,14 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         also = (f" ({', '.join(waiting)}: no failure of {'its' if len(waiting) == 1 else 'their'} "
                 f"own so far)" if waiting else "")
         print(f"[check] NOT DONE: {', '.join(pending) or 'see the failing tests above'}{also}. "
-              f"Edit {_show(work)}, then `make check {s.number}` again; the solution: {solution}")
+              f"Edit {_show(work)}, then `make verify {s.number}` again; the solution: {solution}")
         report.exit_code = 1
         return
     report.exit_code = 0
     if unrun:
         print(f"[check] your copy builds, and every test that ran passes; {', '.join(unrun)} "
               f"could not be run here (see the skip reasons above): on a GPU machine "
-              f"`make check {s.number}` runs them")
+              f"`make verify {s.number}` runs them")
     else:
         print(f"[check] DONE: every exercise of {s.label} passes its tests. Compare with the "
               f"stage: {solution}")
@@ -917,9 +917,9 @@ def main(argv: list[str] | None = None) -> int:
     carving.add_argument("stage", help="stage number or folder")
     carving.add_argument("--reset", action="store_true",
                          help="replace an existing copy (kept in build/exercises/NN_name/previous)")
-    checking = sub.add_parser("check", help="build your copy of stage N and run its tests on it "
-                              "(pytest options after --)")
-    checking.add_argument("stage", help="stage number or folder")
+    verifying = sub.add_parser("verify", help="build your copy of stage N and run its tests on "
+                               "it (pytest options after --)")
+    verifying.add_argument("stage", help="stage number or folder")
     revealing = sub.add_parser("reveal", help="put the solution of exercises back into your copy")
     revealing.add_argument("stage", help="stage number or folder")
     revealing.add_argument("names", nargs="*", help="exercise names (none: every exercise)")
@@ -929,13 +929,13 @@ def main(argv: list[str] | None = None) -> int:
             _list([stages.get(args.stage)] if args.stage else stages.all_stages())
         elif args.command == "carve":
             carve(args.stage, reset=args.reset)
-        elif args.command == "check":
-            return check(args.stage, pytest_args=extra).exit_code
+        elif args.command == "verify":
+            return verify(args.stage, pytest_args=extra).exit_code
         elif args.command == "reveal":
             done = reveal(args.stage, args.names)
             s = stages.get(args.stage)
             print(f"[exercise] revealed in {_show(work_copy(s))}: {', '.join(done)}; "
-                  f"`make check {s.number}` checks the copy")
+                  f"`make verify {s.number}` tests the copy")
     except (ExerciseError, FileExistsError, FileNotFoundError, ValueError,
             stages.StageError) as error:
         print(f"[exercise] {error}", file=sys.stderr)

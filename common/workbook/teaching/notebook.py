@@ -6,7 +6,7 @@
 * `run(cmd)` runs a command in a subprocess and shows what it printed and how it exited (the ABI
   lesson needs a fresh process: a failed import cannot be retried in the kernel);
 * `has_gpu()` / `no_gpu_reason()` decide whether the CUDA cells run, and say why not;
-* `check_against_reference(fn, "lltm", inputs)` compares an op with its float64 reference (the
+* `show_against_reference(fn, "lltm", inputs)` compares an op with its float64 reference (the
   op's descriptor in workbook.ops, the comparison the tests assert) and shows a table;
   `sweep(...)` and `plot_sweep(...)` time several implementations over a range of sizes and plot
   them.
@@ -392,8 +392,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence]) -> None:
     _display(Table(headers, rows))
 
 
-def check_against_reference(fn: Callable, op: str | OpSpec,
-                            inputs: Sample | Sequence[torch.Tensor]) -> None:
+def show_against_reference(fn: Callable, op: str | OpSpec,
+                           inputs: Sample | Sequence[torch.Tensor]) -> None:
     """Show how far fn's outputs and input gradients are from the float64 reference of `op` (a
     name in workbook.ops, or its OpSpec), with the op's tolerances (workbook.ops.spec.compare,
     the comparison the tests assert). Raises when any is outside: a notebook must not go on to

@@ -12,22 +12,22 @@ module, against the op's descriptor (workbook.ops):
 
     @pytest.mark.parametrize("p", testing.params(SPEC, ["cpu"], [torch.float32]), ids=str)
     def test_against_reference(p):
-        testing.check_against_reference(lltm, SPEC, p.sample(SPEC))
+        testing.assert_against_reference(lltm, SPEC, p.sample(SPEC))
 
 What the checks check:
 
-* check_against_reference: outputs, and the gradient of every input that requires grad, against
+* assert_against_reference: outputs, and the gradient of every input that requires grad, against
   the float64 reference with the same incoming gradients, within the dtype's tolerances;
-* check_gradcheck: torch.autograd.gradcheck in float64 with the op's options (nondet_tol, ...);
-* check_layout: the same values stored strided, permuted, expanded (stride 0) or channels_last
+* assert_gradcheck: torch.autograd.gradcheck in float64 with the op's options (nondet_tol, ...);
+* assert_layout: the same values stored strided, permuted, expanded (stride 0) or channels_last
   give the same answer, or, for a kernel that refuses them, a clear error;
-* check_requires_grad_of_one: only one input (or none) requires grad; the others get none;
-* check_bad_input: a bad input raises the expected exception, naming the argument;
-* check_opcheck: torch.library.opcheck (schema, fake kernel, autograd registration, AOT
+* assert_requires_grad_of_one: only one input (or none) requires grad; the others get none;
+* assert_bad_input: a bad input raises the expected exception, naming the argument;
+* assert_opcheck: torch.library.opcheck (schema, fake kernel, autograd registration, AOT
   dispatch) on a registered op;
-* check_compiled: torch.compile(fullgraph=True), static or dynamic shapes, against eager;
-* on CUDA: check_cuda_matches_cpu; on a real GPU: check_graph_capture,
-  check_runs_on_inputs_device.
+* assert_compiled: torch.compile(fullgraph=True), static or dynamic shapes, against eager;
+* on CUDA: assert_cuda_matches_cpu; on a real GPU: assert_graph_capture,
+  assert_runs_on_inputs_device.
 
 The CUDA tests run on `CUDA`: "cuda" where a GPU is visible, else the emulated CUDA device
 (workbook.build.emulate: the stage's own kernels compiled for the CPU, "emulated_cuda" in test ids),
@@ -168,12 +168,12 @@ def bad_input_params(spec: OpSpec, devices: Sequence[str]) -> list:
 # The checks
 
 
-def check_against_reference(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+def assert_against_reference(fn: Callable, spec: OpSpec, sample: Sample) -> None:
     """Outputs and input gradients of fn against the float64 reference."""
     compare(fn, spec, sample).assert_ok()
 
 
-def check_forward(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+def assert_forward(fn: Callable, spec: OpSpec, sample: Sample) -> None:
     """Outputs only, with no input requiring grad: nothing may be recorded for autograd."""
     sample = sample.detached(requires_grad=False)
     compare(fn, spec, sample, gradients=False).assert_ok()
@@ -182,7 +182,7 @@ def check_forward(fn: Callable, spec: OpSpec, sample: Sample) -> None:
             f"output {k} requires grad although no input does")
 
 
-def check_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> None:
+def assert_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> None:
     """torch.autograd.gradcheck in float64: the analytical gradients against finite differences
     (fast mode, random projections, for cases marked full_gradcheck=False)."""
     assert sample.dtype == torch.float64, "gradcheck needs float64"
@@ -196,7 +196,7 @@ def check_gradcheck(fn: Callable, spec: OpSpec, sample: Sample, **options) -> No
     assert torch.autograd.gradcheck(call, tensors, **{**spec.gradcheck, **options})
 
 
-def check_layout(fn: Callable, spec: OpSpec, sample: Sample, layout: str,
+def assert_layout(fn: Callable, spec: OpSpec, sample: Sample, layout: str,
                  refused: str | None = None) -> None:
     """The sample's values stored in `layout` give the reference's answer, or, when `refused`
     (a regex) is given, raise a RuntimeError matching it."""
@@ -211,7 +211,7 @@ def check_layout(fn: Callable, spec: OpSpec, sample: Sample, layout: str,
     compare(fn, spec, moved).assert_ok()
 
 
-def check_requires_grad_of_one(fn: Callable, spec: OpSpec, sample: Sample,
+def assert_requires_grad_of_one(fn: Callable, spec: OpSpec, sample: Sample,
                                name: str | None) -> None:
     """Only the input `name` requires grad (None: no input does): its gradient is right and the
     call records nothing else."""
@@ -221,7 +221,7 @@ def check_requires_grad_of_one(fn: Callable, spec: OpSpec, sample: Sample,
         assert all(o.grad_fn is None for o in as_tuple(chosen.call(fn)))
 
 
-def check_bad_input(fn: Callable, bad: BadInput, device: str) -> None:
+def assert_bad_input(fn: Callable, bad: BadInput, device: str) -> None:
     sample = bad.make(device)
     with pytest.raises(bad.error, match=bad.match):
         sample.call(fn)
@@ -231,7 +231,7 @@ OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
                  "test_aot_dispatch_dynamic")
 
 
-def check_opcheck(op, sample: Sample, test_utils: Sequence[str] = OPCHECK_TESTS) -> None:
+def assert_opcheck(op, sample: Sample, test_utils: Sequence[str] = OPCHECK_TESTS) -> None:
     """torch.library.opcheck of the registered op on the sample's arguments. (On the emulated
     device without test_autograd_registration, which knows CPU, CUDA and XPU alone: the op's
     autograd registration is one for every device, checked by the CPU tests.)"""
@@ -240,7 +240,7 @@ def check_opcheck(op, sample: Sample, test_utils: Sequence[str] = OPCHECK_TESTS)
     torch.library.opcheck(op, sample.args, dict(sample.kwargs), test_utils=tuple(test_utils))
 
 
-def check_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False, calls: int = 1,
+def assert_compiled(fn: Callable, sample: Sample, *, dynamic: bool | None = False, calls: int = 1,
                    **compile_kwargs) -> None:
     """torch.compile(fn, fullgraph=True): outputs and input gradients equal eager's (the last of
     `calls` compiled calls: a CUDA-graph mode records first and replays after)."""
@@ -284,7 +284,7 @@ def _first_tensor_function(fn: Callable, sample: Sample):
     return of_x, x
 
 
-def check_reverse_mode_only(fn: Callable, sample: Sample, op_name: str) -> None:
+def assert_reverse_mode_only(fn: Callable, sample: Sample, op_name: str) -> None:
     """Forward-mode AD and torch.func's gradient transforms raise NotImplementedError naming the
     op (never a silent zero tangent); torch.vmap gives what a loop gives."""
     import torch.autograd.forward_ad as fw_ad
@@ -310,12 +310,12 @@ def check_reverse_mode_only(fn: Callable, sample: Sample, op_name: str) -> None:
     torch.testing.assert_close(batched, torch.stack([f(batch[0]), f(batch[1])]))
 
 
-def check_autocast(fn: Callable, spec: OpSpec, sample: Sample) -> None:
+def assert_autocast(fn: Callable, spec: OpSpec, sample: Sample) -> None:
     """`sample` in bfloat16. Inside torch.autocast(bfloat16) on the sample's device the op is
     given its first tensor in float32 (what a layer before it may produce in such a region) and
     the rest in bfloat16: it computes in bfloat16, returns bfloat16, and matches the reference,
     gradients included, within bfloat16's tolerances."""
-    assert sample.dtype == torch.bfloat16, "check_autocast needs a bfloat16 sample"
+    assert sample.dtype == torch.bfloat16, "assert_autocast needs a bfloat16 sample"
     k = next(i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor))
 
     def in_region(*args, **kwargs):
@@ -330,7 +330,7 @@ def check_autocast(fn: Callable, spec: OpSpec, sample: Sample) -> None:
     compare(in_region, spec, sample).assert_ok()
 
 
-def check_imports_alone(stage, snippet: str, cwd) -> str:
+def assert_imports_alone(stage, snippet: str, cwd) -> str:
     """Run `snippet` in a fresh interpreter that sees the stage's built package and nothing of the
     workbook (what `pip install` ships: the package and torch); returns what it printed."""
     import os
@@ -379,7 +379,7 @@ def run_tests_of(path: str, namespace: dict) -> None:
 # On a GPU
 
 
-def check_cuda_matches_cpu(fn: Callable, spec: OpSpec, case: Case, cpu_fn: Callable | None = None,
+def assert_cuda_matches_cpu(fn: Callable, spec: OpSpec, case: Case, cpu_fn: Callable | None = None,
                            rtol: float = 1e-5, atol: float = 1e-4) -> None:
     """fn on CUDA (`CUDA`: a GPU or the emulated device) against cpu_fn (fn itself by default)
     on the CPU, on the same float32 values: outputs and every input gradient."""
@@ -395,7 +395,7 @@ def check_cuda_matches_cpu(fn: Callable, spec: OpSpec, case: Case, cpu_fn: Calla
         torch.testing.assert_close(b.cpu(), a, rtol=rtol, atol=atol)
 
 
-def check_graph_capture(fn: Callable, spec: OpSpec, case: Case) -> None:
+def assert_graph_capture(fn: Callable, spec: OpSpec, case: Case) -> None:
     """Capture forward + backward in a CUDA graph, replay it on new input values, compare with
     eager. A kernel launched on any stream but the current one (the capture's) fails capture."""
     sample = spec.make(case, device="cuda", dtype=torch.float32)
@@ -428,7 +428,7 @@ def check_graph_capture(fn: Callable, spec: OpSpec, case: Case) -> None:
         torch.testing.assert_close(a, b)
 
 
-def check_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None:
+def assert_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None:
     """With cuda:0 current and the inputs on cuda:1, the kernels run (and write) on cuda:1."""
     sample = spec.make(case, device="cuda:1", requires_grad=False)
     with torch.cuda.device(0):
@@ -439,7 +439,7 @@ def check_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None:
         torch.testing.assert_close(a.to("cuda:0"), b)
 
 
-def check_bad_input_compiled(fn: Callable, bad: BadInput, device: str) -> None:
+def assert_bad_input_compiled(fn: Callable, bad: BadInput, device: str) -> None:
     """The bad input refused under torch.compile(fullgraph=True) too, while tracing (the fake
     kernel's checks run on fake tensors). Dynamo wraps what the fake kernel raises in a
     TorchRuntimeError that quotes its message, so the message is what is checked."""
@@ -450,7 +450,7 @@ def check_bad_input_compiled(fn: Callable, bad: BadInput, device: str) -> None:
         sample.call(compiled)
 
 
-def check_same_error_everywhere(fn: Callable, bad: BadInput, devices: Sequence[str]) -> None:
+def assert_same_error_everywhere(fn: Callable, bad: BadInput, devices: Sequence[str]) -> None:
     """The bad input raises the same exception with the same message on every device: the C++
     checks of each backend and the fake kernel (meta) word every error alike. Device names, which
     differ by construction, are masked before comparing."""
@@ -507,9 +507,9 @@ def huge_reason(gigabytes: float) -> str | None:
 
 def assert_rows_close(what: str, rows: slice, actual: torch.Tensor, expected: torch.Tensor,
                       tolerance: tuple[float, float]) -> None:
-    """opspec.compare's criterion, |a - e| <= atol max(1, max |e|) + rtol |e|, on one chunk along
-    the first dimension (rows of a matrix, images of a batch; a NaN fails it): for outputs too
-    large to compare in float64 at once."""
+    """workbook.ops.spec.compare's criterion, |a - e| <= atol max(1, max |e|) + rtol |e|, on one
+    chunk along the first dimension (rows of a matrix, images of a batch; a NaN fails it): for
+    outputs too large to compare in float64 at once."""
     rtol, atol = tolerance
     error = (actual.double() - expected).abs()
     allowed = atol * max(1.0, expected.abs().max().item()) + rtol * expected.abs()

@@ -1,5 +1,5 @@
 """pytest hooks for the emulated CUDA device: loaded by the repository's conftest.py, and with
-`-p workbook.testing.pytest_emulated` by the runs of tests outside the repository (make check's
+`-p workbook.testing.pytest_emulated` by the runs of tests outside the repository (make verify's
 copy).
 
 Tests of CUDA kernels carry the mark `cuda` (workbook.testing.requires_cuda, and parameters on

@@ -114,7 +114,7 @@ CUDA_CASES = (
 )
 
 
-def check_module(LLTM) -> None:
+def assert_module(LLTM) -> None:
     """An LLTM module starts with weights and bias spread over +-1/sqrt(S), runs and trains, and
     refuses sizes below 1."""
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def check_module(LLTM) -> None:
     assert cell.weights.grad is not None and cell.bias.grad is not None
 
 
-def check_module_arguments(LLTM, owner: str) -> None:
+def assert_module_arguments(LLTM, owner: str) -> None:
     """An LLTM module refuses bad constructor and call arguments, naming the argument: sizes
     that are not ints >= 1, a dtype it cannot compute in, a state that is not an (h, c) pair.
     NumPy integers are ints."""
@@ -194,7 +194,7 @@ def backward_sample(sample: Sample, forward_op, requires_grad: bool) -> Sample:
     return Sample(f"{sample.name}-backward", args, arg_names=names)
 
 
-def check_fake_kernels(forward_op, backward_op) -> None:
+def assert_fake_kernels(forward_op, backward_op) -> None:
     """Meta tensors run the fake kernels: right shapes, dtype and device, no kernel launched."""
     x, w, b, h, c = inputs(2, 3, 4, device="meta", requires_grad=False)
     outputs = forward_op(x, w, b, h, c)
@@ -204,12 +204,12 @@ def check_fake_kernels(forward_op, backward_op) -> None:
     assert [tuple(g.shape) for g in grads] == [(2, 3), (12, 7), (12,), (2, 4), (2, 4)]
 
 
-def check_gates_take_no_gradient(forward_op) -> None:
+def assert_gates_take_no_gradient(forward_op) -> None:
     new_h, new_cell, gates = forward_op(*inputs(2, 3, 4))
     assert new_h.requires_grad and new_cell.requires_grad and not gates.requires_grad
 
 
-def check_gradient_through_one_output(fn, used: str) -> None:
+def assert_gradient_through_one_output(fn, used: str) -> None:
     """A loss on one output only: the other's gradient reaches the backward as None."""
     args = inputs(3, 5, 7, dtype=torch.float64)
     index = OP.output_names.index(used)
@@ -220,7 +220,7 @@ def check_gradient_through_one_output(fn, used: str) -> None:
         torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
-def check_double_backward_raises(fn) -> None:
+def assert_double_backward_raises(fn) -> None:
     import pytest
 
     args = inputs(2, 3, 4, dtype=torch.float64)
@@ -230,7 +230,7 @@ def check_double_backward_raises(fn) -> None:
         torch.autograd.grad(grads[1].sum(), args)
 
 
-def check_backward_op_checks_its_inputs(backward_op) -> None:
+def assert_backward_op_checks_its_inputs(backward_op) -> None:
     import pytest
 
     x, w, _, h, c = inputs(2, 3, 4, requires_grad=False)
@@ -241,7 +241,7 @@ def check_backward_op_checks_its_inputs(backward_op) -> None:
         backward_op(c, c, c, torch.zeros(2, 12), x, h, w.double())
 
 
-def check_not_a_tensor_raises(fn) -> None:
+def assert_not_a_tensor_raises(fn) -> None:
     import pytest
 
     x, w, b, h, c = inputs(2, 3, 4, requires_grad=False)
@@ -274,7 +274,7 @@ HUGE_CASE = Case("b2097153_f1_s1024", {"batch": 2**21 + 1, "features": 1, "state
                  full_gradcheck=False)
 
 
-def check_past_2_31_elements(fn, case=None, device="cuda", rows=1 << 16) -> None:
+def assert_past_2_31_elements(fn, case=None, device="cuda", rows=1 << 16) -> None:
     """fn forward and backward once in bfloat16 on `case` (B x S past 2^31: the 64-bit index
     path), then every output and gradient against the float64 reference, `rows` rows at a time:
     a float64 copy of the whole would need four times the memory. The weights' and bias'

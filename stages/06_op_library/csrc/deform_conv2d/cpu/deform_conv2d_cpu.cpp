@@ -104,7 +104,7 @@ struct PaddedPlane {
   }
 
   template <typename T>
-  int64_t base(const workbook::bilinear::Sample<T>& s) const {
+  int64_t base(const workbook::bilinear::Point<T>& s) const {
     return s.in_range ? (s.y0 + 1) * row + (s.x0 + 1) : outside;
   }
 };
@@ -210,7 +210,7 @@ void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T*
   at::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
-      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
+      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
         // EXERCISE bilinear-sample: entry e: base[e] (corner c0's pixel), weight[4e + c] = mask w_c
         // checked by: test_deform_conv2d.py::test_against_reference,
         //   ::test_zero_offsets_and_unit_mask_are_a_convolution, ::test_matches_torchvision
@@ -355,7 +355,7 @@ void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int6
       const T* image = pb.input + n * pb.plane.size * C;
       const T* grad = grad_columns + t * layout.width;
       // The derivative weights come from the same samples the table was built from.
-      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Sample<T>& s) {
+      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
         const int64_t k = gk % K;
         const T* x0 = image + base[t * GK + gk] * C;
         CornerDots<T> dots;

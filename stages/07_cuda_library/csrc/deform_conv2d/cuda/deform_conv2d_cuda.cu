@@ -88,7 +88,7 @@
 namespace {
 
 using workbook::ceil_div;
-using workbook::bilinear::Sample;
+using workbook::bilinear::Point;
 using workbook::deform_conv2d::Chunk;
 using workbook::deform_conv2d::ChunkPlan;
 using workbook::deform_conv2d::for_each_chunk;
@@ -168,9 +168,9 @@ __device__ __forceinline__ SampleIndex<index_t> decode_sample(const Shape<index_
 // Where sample d reads the input: the CPU kernel's arithmetic, step for step (integer part in
 // int64, one rounding to T, then the offset added in T), then workbook::bilinear::locate.
 template <typename T, typename scalar_t, typename index_t>
-__device__ __forceinline__ Sample<T> locate_sample(const Shape<index_t>& s,
-                                                   const scalar_t* __restrict__ offset,
-                                                   const SampleIndex<index_t>& d) {
+__device__ __forceinline__ Point<T> locate_sample(const Shape<index_t>& s,
+                                                  const scalar_t* __restrict__ offset,
+                                                  const SampleIndex<index_t>& d) {
   const index_t n = s.n0 + d.i, p = s.p0 + d.q;
   const index_t oh = p / s.out_w, ow = p - oh * s.out_w;
   const index_t ki = d.k / s.kernel_w, kj = d.k - ki * s.kernel_w;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
   //   ::test_float32_matches_the_cpu_kernel, ::test_zero_offsets_and_unit_mask_are_a_convolution
   for (int64_t t = first_item(); t < s.samples; t += item_stride()) {
     const SampleIndex<index_t> d = decode_sample(s, static_cast<index_t>(t));
-    const Sample<T> sample = locate_sample<T>(s, offset, d);
+    const Point<T> sample = locate_sample<T>(s, offset, d);
     const T m = mask_of<T>(s, mask, d);
     T w[4];
     int64_t corner[4];
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(std::is_same_v<T, acc_t>, "the scatter accumulates in the opmath type");
   for (int64_t t = first_item(); t < s.samples; t += item_stride()) {
     const SampleIndex<index_t> d = decode_sample(s, static_cast<index_t>(t));
-    const Sample<T> sample = locate_sample<T>(s, offset, d);
+    const Point<T> sample = locate_sample<T>(s, offset, d);
     const T m = mask_of<T>(s, mask, d);
     T w[4];
     int64_t corner[4];
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t none = static_cast<int64_t>(s.images) * s.offset_groups * s.plane;
   for (int64_t t = first_item(); t < s.samples; t += item_stride()) {
     const SampleIndex<index_t> d = decode_sample(s, static_cast<index_t>(t));
-    const Sample<T> sample = locate_sample<T>(s, offset, d);
+    const Point<T> sample = locate_sample<T>(s, offset, d);
     const T m = mask_of<T>(s, mask, d);
     const int64_t plane_key = (static_cast<int64_t>(d.i) * s.offset_groups + d.g) * s.plane;
 #pragma unroll
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreads)
   using T = at::opmath_type<scalar_t>;
   for (int64_t t = first_item(); t < s.samples; t += item_stride()) {
     const SampleIndex<index_t> d = decode_sample(s, static_cast<index_t>(t));
-    const Sample<T> sample = locate_sample<T>(s, offset, d);
+    const Point<T> sample = locate_sample<T>(s, offset, d);
     int64_t corner[4];
     bool valid[4];
 #pragma unroll
