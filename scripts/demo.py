@@ -62,7 +62,9 @@ def load(stage: stages.Stage) -> tuple[object | None, str]:
         return None, str(error)
 
 
-def check(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
+def against_reference(label: str, fn, spec: OpSpec, sample: Sample) -> bool:
+    """One line: how far `fn` is from the float64 reference on `sample`; whether within the
+    op's tolerances."""
     result = compare(fn, spec, sample)
     print(f"  {label:<44} max relative error vs float64: outputs "
           f"{result.worst('output'):.1e}, gradients {result.worst('gradient'):.1e}  "
@@ -150,7 +152,7 @@ def demo_device(name: str, spec: OpSpec, sizes: str, device: str, modules: dict[
     print("  checked against the float64 reference first:")
     ok = True
     for label, fn in impls:
-        ok &= check(f"{label} ({device})", fn, spec, sample)
+        ok &= against_reference(f"{label} ({device})", fn, spec, sample)
     lines = [(f"{label} ({device})", fn) for label, fn in [*spec.baseline_functions().items(),
                                                              *impls]]
     print(f"  then timed in {ROUNDS} rounds interleaved over the lines (forward with autograd "

@@ -10,8 +10,8 @@
 //
 // One vocabulary, the one the user types: dtypes and layouts by their Python names (torch.int64,
 // torch.sparse_coo), device types as torch.device spells them (cpu, cuda), devices as they print
-// (cuda:0), sizes as lists. The fake kernels in Python say the same with str(dtype), str(layout)
-// and str(device) (extops/errors.py mirrors this file check for check).
+// (cuda:0), sizes as lists ([2, 3]). The messages are written once (below), and a library's fake
+// kernels read the same table and run these checks in the same order (extops/errors.py).
 //
 // The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes and
 // layouts, TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices.
@@ -27,9 +27,11 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace workbook {
@@ -41,6 +43,54 @@ struct Arg {
 };
 
 inline std::string describe(const Arg& arg) { return std::string(arg.op) + ": `" + arg.name + "`"; }
+
+// ----------------------------------------------------------------------------------------------
+// Messages
+//
+// Each check's message, written once. The checks below fill them in with `say`; a library hands
+// the same table to its Python side (stage 06's csrc/extops.cpp puts it in its module:
+// extops._C.MESSAGES), whose fake kernels fill them in with str.format (extops/errors.py), so a
+// bad input gets one message from the CPU kernel, the CUDA kernel, and the fake kernel on meta
+// tensors and under torch.compile, by construction rather than by two copies kept in step.
+// A {slot} is filled in by name.
+
+struct Message {
+  const char* name;
+  const char* text;
+};
+
+inline constexpr Message kMessages[] = {
+    {"undefined", "{op}: `{arg}` must be a tensor, got an undefined tensor (None)"},
+    {"dense", "{op}: `{arg}` must be a dense tensor (layout torch.strided), got layout {got}"},
+    {"floating", "{op}: `{arg}` must be a float64, float32, float16 or bfloat16 tensor, got {got}"},
+    {"dtype", "{op}: `{arg}` must have dtype {expected} (the dtype of `{first}`), got {got}"},
+    {"device", "{op}: `{arg}` must be on the same device as `{first}` ({expected}), got {got}"},
+    {"device_type", "{op}: `{arg}` must be a {expected} tensor, got a tensor on {got}"},
+    {"contiguous",
+     "{op}: `{arg}` must be contiguous, got sizes {sizes} with strides {strides} (call "
+     ".contiguous() first)"},
+    {"dim", "{op}: `{arg}` must have {ndim} {dimensions} {what}, got {got} with sizes {sizes}"},
+    {"size",
+     "{op}: `{arg}` must have size {expected} in dimension {dim} ({why}), got sizes {sizes}"},
+    {"shape", "{op}: `{arg}` must have the shape of `{other}` {expected}, got {got}"},
+};
+
+// The message `name` with each {slot} replaced by its value.
+inline std::string say(std::string_view name,
+                       std::initializer_list<std::pair<const char*, std::string>> values) {
+  std::string text;
+  for (const Message& m : kMessages) {
+    if (name == m.name) text = m.text;
+  }
+  for (const auto& [slot, value] : values) {
+    const std::string marker = std::string("{") + slot + "}";
+    for (std::size_t at = text.find(marker); at != std::string::npos;
+         at = text.find(marker, at + value.size())) {
+      text.replace(at, marker.size(), value);
+    }
+  }
+  return text;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Names, as Python prints them
@@ -112,8 +162,7 @@ inline std::string layout_name(at::Layout layout) {
 // Checks
 
 inline void check_defined(const at::Tensor& t, const Arg& arg) {
-  TORCH_CHECK_VALUE(t.defined(), describe(arg),
-                    " must be a tensor, got an undefined tensor (None)");
+  TORCH_CHECK_VALUE(t.defined(), say("undefined", {{"op", arg.op}, {"arg", arg.name}}));
 }
 
 // The dtypes the kernels compute in: an allow-list, not at::isFloatingType, which also admits the
@@ -126,65 +175,88 @@ inline bool supported_floating(at::ScalarType type) {
 // than failing later inside ATen with a message that names no argument.
 inline void check_strided(const at::Tensor& t, const Arg& arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(t.layout() == at::kStrided, describe(arg),
-                   " must be a dense tensor (layout torch.strided), got layout ",
-                   layout_name(t.layout()));
+  TORCH_CHECK_TYPE(
+      t.layout() == at::kStrided,
+      say("dense", {{"op", arg.op}, {"arg", arg.name}, {"got", layout_name(t.layout())}}));
 }
 
 inline void check_floating(const at::Tensor& t, const Arg& arg) {
   check_strided(t, arg);
-  TORCH_CHECK_TYPE(supported_floating(t.scalar_type()), describe(arg),
-                   " must be a float64, float32, float16 or bfloat16 tensor, got ",
-                   dtype_name(t.scalar_type()));
+  TORCH_CHECK_TYPE(
+      supported_floating(t.scalar_type()),
+      say("floating", {{"op", arg.op}, {"arg", arg.name}, {"got", dtype_name(t.scalar_type())}}));
 }
 
 // `t` in the dtype of `first` (the op's first tensor, which sets it).
 inline void check_dtype(const at::Tensor& t, const Arg& arg, const at::Tensor& first,
                         const Arg& first_arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(), describe(arg), " must have dtype ",
-                   dtype_name(first.scalar_type()), " (the dtype of `", first_arg.name, "`), got ",
-                   dtype_name(t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(),
+                   say("dtype", {{"op", arg.op},
+                                 {"arg", arg.name},
+                                 {"expected", dtype_name(first.scalar_type())},
+                                 {"first", first_arg.name},
+                                 {"got", dtype_name(t.scalar_type())}}));
 }
 
 // The device type as torch.device spells it ("cuda"; the emulated device's own name).
 inline void check_device_type(const at::Tensor& t, const Arg& arg, c10::DeviceType expected) {
   check_defined(t, arg);
-  TORCH_CHECK(t.device().type() == expected, describe(arg), " must be a ",
-              c10::DeviceTypeName(expected, /*lower_case=*/true), " tensor, got a tensor on ",
-              t.device());
+  TORCH_CHECK(t.device().type() == expected,
+              say("device_type", {{"op", arg.op},
+                                  {"arg", arg.name},
+                                  {"expected", c10::DeviceTypeName(expected, /*lower_case=*/true)},
+                                  {"got", c10::str(t.device())}}));
 }
 
 inline void check_contiguous(const at::Tensor& t, const Arg& arg) {
   check_defined(t, arg);
-  TORCH_CHECK(t.is_contiguous(), describe(arg), " must be contiguous, got sizes ", t.sizes(),
-              " with strides ", t.strides(), " (call .contiguous() first)");
+  TORCH_CHECK(t.is_contiguous(), say("contiguous", {{"op", arg.op},
+                                                    {"arg", arg.name},
+                                                    {"sizes", c10::str(t.sizes())},
+                                                    {"strides", c10::str(t.strides())}}));
 }
 
 inline void check_same_device(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
                               const Arg& other_arg) {
-  TORCH_CHECK(t.device() == other.device(), describe(arg), " must be on the same device as `",
-              other_arg.name, "` (", other.device(), "), got ", t.device());
+  TORCH_CHECK(t.device() == other.device(), say("device", {{"op", arg.op},
+                                                           {"arg", arg.name},
+                                                           {"first", other_arg.name},
+                                                           {"expected", c10::str(other.device())},
+                                                           {"got", c10::str(t.device())}}));
 }
 
 // `what` names the dimensions for the reader, e.g. "(batch, state)".
 inline void check_dim(const at::Tensor& t, const Arg& arg, int64_t ndim, const char* what) {
   check_defined(t, arg);
-  TORCH_CHECK_VALUE(t.dim() == ndim, describe(arg), " must have ", ndim, " dimension",
-                    ndim == 1 ? "" : "s", " ", what, ", got ", t.dim(), " with sizes ", t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == ndim,
+                    say("dim", {{"op", arg.op},
+                                {"arg", arg.name},
+                                {"ndim", std::to_string(ndim)},
+                                {"dimensions", ndim == 1 ? "dimension" : "dimensions"},
+                                {"what", what},
+                                {"got", std::to_string(t.dim())},
+                                {"sizes", c10::str(t.sizes())}}));
 }
 
 // Size of dimension `dim` must be `expected`; `why` says where the expectation comes from.
 inline void check_size(const at::Tensor& t, const Arg& arg, int64_t dim, int64_t expected,
                        const std::string& why) {
-  TORCH_CHECK_VALUE(t.size(dim) == expected, describe(arg), " must have size ", expected,
-                    " in dimension ", dim, " (", why, "), got sizes ", t.sizes());
+  TORCH_CHECK_VALUE(t.size(dim) == expected, say("size", {{"op", arg.op},
+                                                          {"arg", arg.name},
+                                                          {"expected", std::to_string(expected)},
+                                                          {"dim", std::to_string(dim)},
+                                                          {"why", why},
+                                                          {"sizes", c10::str(t.sizes())}}));
 }
 
 inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
                              const Arg& other_arg) {
-  TORCH_CHECK_VALUE(t.sizes() == other.sizes(), describe(arg), " must have the shape of `",
-                    other_arg.name, "` ", other.sizes(), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == other.sizes(), say("shape", {{"op", arg.op},
+                                                              {"arg", arg.name},
+                                                              {"other", other_arg.name},
+                                                              {"expected", c10::str(other.sizes())},
+                                                              {"got", c10::str(t.sizes())}}));
 }
 
 // What every op checks of all its tensor inputs together: dense, one floating dtype (the first

@@ -1,11 +1,12 @@
 """Bad input: what every op of the library checks in Python, and the exceptions it raises.
 
-The checks are workbook/checks.h's, in Python, with its words (dtypes and layouts by the names
-str() gives them, devices as they print, sizes as lists): the fake kernels (extops/lltm.py,
-extops/deform_conv2d.py) run them on meta tensors and while torch.compile traces, and the
-functional forms run check_dense and check_reverse_mode_only before the dispatcher, so a bad input
-fails with one message on CPU tensors, on meta tensors and under torch.compile. Change a message
-here and in checks.h together: the tests compare them on every bad input.
+The checks are workbook/checks.h's, in Python, in the same order, and their messages are the
+same text: the C++ library hands its table of messages (workbook/checks.h) to Python
+(extops._C.MESSAGES), and `say` fills one in as the C++ checks do. The fake kernels
+(extops/lltm.py, extops/deform_conv2d.py) run these checks on meta tensors and while
+torch.compile traces, and the functional forms run check_dense and check_reverse_mode_only before
+the dispatcher, so a bad input fails with one message on CPU tensors, on meta tensors and under
+torch.compile, by construction.
 
 The exceptions: torchvision's ops raise RuntimeError for a wrong size or type, so code written for
 them (and torchvision's and detectron2's own tests) catches `except RuntimeError`. extops says
@@ -27,9 +28,19 @@ from __future__ import annotations
 
 import torch
 
+from . import _C
+
+# The checks' messages, each written once, in C++ (workbook/checks.h): name -> text with
+# {slots}. `say` fills one in.
+MESSAGES: dict[str, str] = dict(_C.MESSAGES)
+
+
+def say(name: str, **slots) -> str:
+    return MESSAGES[name].format(**slots)
+
+
 # The dtypes the kernels compute in: an allow-list (float8 is floating point too, and refused).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-DTYPES_IN_WORDS = "float64, float32, float16 or bfloat16"
 
 
 class ExtopsValueError(ValueError, RuntimeError):
@@ -73,8 +84,7 @@ def check_dense(op: str, named) -> None:
     # traced tensor is known, so the branch folds away (a message closure over a tensor would not).
     for name, t in named:
         if t is not None and t.layout != torch.strided:
-            raise TypeError(f"{op}: `{name}` must be a dense tensor (layout torch.strided), got "
-                            f"layout {t.layout}")
+            raise TypeError(say("dense", op=op, arg=name, got=t.layout))
 
 
 def check_inputs(op: str, named) -> None:
@@ -84,36 +94,36 @@ def check_inputs(op: str, named) -> None:
     check_dense(op, named)
     first_name, first = named[0]
     torch._check_type(first.dtype in DTYPES,
-                      lambda: f"{op}: `{first_name}` must be a {DTYPES_IN_WORDS} tensor, got "
-                              f"{first.dtype}")
+                      lambda: say("floating", op=op, arg=first_name, got=first.dtype))
     for name, t in named:
         torch._check_type(t.dtype == first.dtype,
-                          lambda: f"{op}: `{name}` must have dtype {first.dtype} (the dtype of "
-                                  f"`{first_name}`), got {t.dtype}")
+                          lambda: say("dtype", op=op, arg=name, expected=first.dtype,
+                                      first=first_name, got=t.dtype))
     for name, t in named:
         torch._check(t.device == first.device,
-                     lambda: f"{op}: `{name}` must be on the same device as `{first_name}` "
-                             f"({first.device}), got {t.device}")
+                     lambda: say("device", op=op, arg=name, first=first_name,
+                                 expected=first.device, got=t.device))
 
 
 def check_dim(op: str, name: str, t, ndim: int, what: str) -> None:
     """`what` names the dimensions for the reader, e.g. "(batch, state)"."""
     torch._check_value(t.dim() == ndim,
-                       lambda: f"{op}: `{name}` must have {ndim} dimension{'s' * (ndim != 1)} "
-                               f"{what}, got {t.dim()} with sizes {list(t.shape)}")
+                       lambda: say("dim", op=op, arg=name, ndim=ndim,
+                                   dimensions="dimension" if ndim == 1 else "dimensions",
+                                   what=what, got=t.dim(), sizes=list(t.shape)))
 
 
 def check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
     """Size of dimension `dim` must be `expected`; `why` says where the expectation comes from."""
     torch._check_value(t.shape[dim] == expected,
-                       lambda: f"{op}: `{name}` must have size {expected} in dimension {dim} "
-                               f"({why}), got sizes {list(t.shape)}")
+                       lambda: say("size", op=op, arg=name, expected=expected, dim=dim, why=why,
+                                   sizes=list(t.shape)))
 
 
 def check_same_shape(op: str, name: str, t, other_name: str, other) -> None:
     torch._check_value(t.shape == other.shape,
-                       lambda: f"{op}: `{name}` must have the shape of `{other_name}` "
-                               f"{list(other.shape)}, got {list(t.shape)}")
+                       lambda: say("shape", op=op, arg=name, other=other_name,
+                                   expected=list(other.shape), got=list(t.shape)))
 
 
 def check_reverse_mode_only(op: str, tensors) -> None:
