@@ -693,7 +693,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     base = build_root() / "exercises" / s.folder if base is None else Path(base)
     tree = base / "stages"
     start = time.perf_counter()
-    print(f"[check] {s.label}: your copy {_show(work)}, built in {_show(base)}", flush=True)
+    print(f"[verify] {s.label}: your copy {_show(work)}, built in {_show(base)}", flush=True)
     for folder in sorted(p for p in s.source_dir.parent.iterdir() if (p / "stage.toml").is_file()):
         _sync(work if folder.name == s.folder else folder, tree / folder.name)
     copy = tree / s.folder
@@ -705,7 +705,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
         # Without a GPU the CUDA tests run on the emulated device, which compiles the copy's .cu
         # with the host compiler: an nvcc build of the copy would never run. (make test still
         # compiles the stages' CUDA files with nvcc.)
-        print("[check] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
+        print("[verify] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
               "compiled for the CPU); nvcc is not used", flush=True)
         run_env["WORKBOOK_NO_CUDA"] = "1"
     run_env.update(WORKBOOK_BUILD_DIR=str(base / "build"),
@@ -716,13 +716,13 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
 
     build_cmd = [sys.executable, "-m", "workbook.build", str(copy)]
     if s.kind == "jit":  # built by its own import, which a carved copy may be meant to fail
-        print(f"[check] {s.label} is built just in time, when its tests import it", flush=True)
+        print(f"[verify] {s.label} is built just in time, when its tests import it", flush=True)
         built = True
     else:
         built = _stream(build_cmd, run_env, REPO, rewrite) == 0
     report = Report(s, built)
     if not built:
-        print(f"[check] your copy of {s.label} does not build: the first compiler errors are "
+        print(f"[verify] your copy of {s.label} does not build: the first compiler errors are "
               f"above; fix them and run `make verify {s.number}` again")
         return report
 
@@ -734,12 +734,12 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
            str(REPO / "pyproject.toml"), "--rootdir", str(copy),
            "-p", "workbook.testing.pytest_emulated", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", *targets, *pytest_args]
-    print(f"[check] running {s.label}'s tests on your copy: pytest "
+    print(f"[verify] running {s.label}'s tests on your copy: pytest "
           f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)
     code = _stream(cmd, run_env, REPO, rewrite)
     report.results = _read_junit(junit)
     if code not in (0, 1):
-        print(f"[check] pytest stopped with exit code {code} (see above)")
+        print(f"[verify] pytest stopped with exit code {code} (see above)")
     _summarise(report, found, work, time.perf_counter() - start)
     if code not in (0, 1):
         report.exit_code = code
@@ -749,7 +749,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
 def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: float) -> None:
     s, results = report.stage, report.results
     counts = {k: sum(r.outcome == k for r in results) for k in ("failed", "passed", "skipped")}
-    print(f"\n[check] ===== {s.label}, your copy {_show(work)}: {counts['failed']} failed, "
+    print(f"\n[verify] ===== {s.label}, your copy {_show(work)}: {counts['failed']} failed, "
           f"{counts['passed']} passed, {counts['skipped']} skipped ({seconds:.0f} s)")
     by_function: dict[str, list[Result]] = {}
     for r in results:
@@ -827,17 +827,17 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
     if report.failed() or pending or waiting:
         also = (f" ({', '.join(waiting)}: no failure of {'its' if len(waiting) == 1 else 'their'} "
                 f"own so far)" if waiting else "")
-        print(f"[check] NOT DONE: {', '.join(pending) or 'see the failing tests above'}{also}. "
+        print(f"[verify] NOT DONE: {', '.join(pending) or 'see the failing tests above'}{also}. "
               f"Edit {_show(work)}, then `make verify {s.number}` again; the solution: {solution}")
         report.exit_code = 1
         return
     report.exit_code = 0
     if unrun:
-        print(f"[check] your copy builds, and every test that ran passes; {', '.join(unrun)} "
+        print(f"[verify] your copy builds, and every test that ran passes; {', '.join(unrun)} "
               f"could not be run here (see the skip reasons above): on a GPU machine "
               f"`make verify {s.number}` runs them")
     else:
-        print(f"[check] DONE: every exercise of {s.label} passes its tests. Compare with the "
+        print(f"[verify] DONE: every exercise of {s.label} passes its tests. Compare with the "
               f"stage: {solution}")
 
 
@@ -874,7 +874,7 @@ def compile_carved(work: Path, s: Stage, build_dir: Path, suffixes: Sequence[str
         """))
     log = build_dir / "compile.log"
     if not quiet:
-        print(f"[check] compiling {', '.join(_show(f) for f in files)} (log: {_show(log)}) ...",
+        print(f"[verify] compiling {', '.join(_show(f) for f in files)} (log: {_show(log)}) ...",
               flush=True)
     with open(log, "w") as out:
         proc = subprocess.run([sys.executable, str(script)], cwd=build_dir, stdout=out,
