@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from workbook import ops
 from workbook.build.stages import REPO
 from workbook.measure import harness
 
@@ -33,7 +34,7 @@ from workbook.measure import harness
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Benchmark every op of the workbook against its "
                                                  "baselines, validated first.")
-    parser.add_argument("--op", default="all", help=f"one of {', '.join(harness.op_names())}, "
+    parser.add_argument("--op", default="all", help=f"one of {', '.join(ops.having('bench'))}, "
                                                     f"or all (the default)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, few iterations")
     parser.add_argument("--device", choices=("all", "cpu", "cuda"), default="all")
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = harness.op_names() if args.op == "all" else [args.op]
+    names = ops.having("bench") if args.op == "all" else [args.op]
     try:
         benches = [harness.load_op(name) for name in names]
     except LookupError as error:

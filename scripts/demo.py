@@ -22,7 +22,7 @@ from workbook import ops
 from workbook.build import builder, loader, side_by_side, stages
 from workbook.build.loader import import_stage
 from workbook.measure import timing
-from workbook.ops.spec import OpSpec, Sample, compare
+from workbook.spec import OpSpec, Sample, compare
 
 
 def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:

@@ -24,7 +24,7 @@ import torch
 from workbook import ops
 from workbook.build import stages
 from workbook.build.loader import import_stage
-from workbook.ops.spec import compare
+from workbook.spec import compare
 
 
 def smoke_op(stage: stages.Stage, module, name: str) -> bool:

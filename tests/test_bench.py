@@ -23,10 +23,10 @@ from workbook.build import builder, loader, stages
 from workbook.build.loader import import_stage
 from workbook.measure import harness
 from workbook.ops.lltm import reference
-from workbook.ops.spec import Case
+from workbook.spec import Case
 
 RUN = stages.REPO / "bench" / "run.py"
-OPS = harness.op_names()
+OPS = ops.having("bench")
 LLTM = ops.get("lltm")
 
 

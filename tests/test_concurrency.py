@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from workbook import ops
-from workbook.ops.spec import FLOAT_DTYPES, as_tuple, random_like
+from workbook.spec import FLOAT_DTYPES, as_tuple, random_like
 
 THREADS = 8
 CALLS = 50

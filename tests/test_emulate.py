@@ -203,7 +203,7 @@ MUTANT_CHECKS = r"""
 import sys, torch
 from workbook import ops
 from workbook.build import emulate
-from workbook.ops.spec import compare
+from workbook.spec import compare
 import extops  # the stage's own build (PYTHONPATH: mutant_env), with its CPU and CUDA kernels
 emulate.build_kernels("emulate_mutant_test", [SOURCE], BUILD)   # instead of the stage's own
 spec = ops.get("deform_conv2d")

@@ -37,7 +37,7 @@ from workbook import ops
 from workbook.build.stages import STAGES_DIR
 from workbook.ops import deform_conv2d as deform_op
 from workbook.ops import lltm as lltm_op
-from workbook.ops.spec import Case
+from workbook.spec import Case
 
 STAGE_04 = STAGES_DIR / "04_cuda_raw" / "csrc" / "lltm_cuda.cu"
 STAGE_05 = STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cuda.cu"

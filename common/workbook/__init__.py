@@ -1,19 +1,24 @@
 """The workbook's shared Python: what every stage, test, notebook and tool uses, written once,
 in one package per role.
 
+    spec.py     what the workbook knows of any op: a descriptor (OpSpec), its cases and calls
+                (Case, Sample), the inputs it refuses (BadInput, matrix Row), and the one
+                comparison with the float64 reference (compare)
     build/      building the stages and importing them: stage discovery (stage.toml), compiler
                 flags, CUDA toolkit, the emulated CUDA device, `python -m workbook.build`
-    ops/        everything the workbook knows about each op, one folder per op
-                (ops/<op>/: descriptor, float64 reference, bad inputs and matrix rows, fuzz
-                strategies, benchmark), and what a descriptor is (ops/spec.py)
+    measure/    timing primitives and the benchmark harness (the demo, notebooks, make bench)
     testing/    the shared test base every stage's tests call (testing/__init__.py), the suite
-                runner, and the reliability net: hostile-input matrix, fuzzing, concurrency,
+                runner and its pytest plugin
+    ops/        everything the workbook knows about each op, one folder per op (ops/<op>/:
+                descriptor, float64 reference, matrix rows, fuzz strategy, benchmark), and where
+                each is implemented (ops.implementations)
+    net/        the reliability net beyond each stage's tests: hostile-input matrix, fuzzing,
                 sanitizers
     teaching/   the notebooks' helpers and pictures, and the exercises carved from the stages
-    measure/    timing primitives and the benchmark harness (the demo, notebooks, make bench)
 
-No module imports one of a package that imports it back: build/ needs nothing else of the
-workbook; ops/ needs build/; testing/, teaching/ and measure/ need ops/ and build/.
+Listed from the ground up: a package imports only those above it in this list (build/ and
+spec.py nothing else of the workbook; an op's bench.py the harness of measure/), so no two
+import each other.
 
 Installed in editable mode into the Makefile's .venv (scripts/bootstrap.sh); with PYTHON=, the
 Makefile puts common/ on PYTHONPATH.

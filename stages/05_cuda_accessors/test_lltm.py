@@ -20,7 +20,7 @@ from workbook import ops, testing
 from workbook.build import stages, toolkit
 from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
-from workbook.ops.spec import Sample
+from workbook.spec import Sample
 
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)

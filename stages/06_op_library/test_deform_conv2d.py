@@ -19,7 +19,7 @@ from workbook.build import stages
 from workbook.build.loader import import_stage
 from workbook.ops import deform_conv2d as deform_op
 from workbook.ops.deform_conv2d import reference
-from workbook.ops.spec import Case, OpSpec, Sample, compare
+from workbook.spec import Case, OpSpec, Sample, compare
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)

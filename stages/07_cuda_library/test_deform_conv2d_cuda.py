@@ -27,7 +27,7 @@ from workbook.build import stages, toolkit
 from workbook.build.loader import import_stage
 from workbook.ops import deform_conv2d as deform_op
 from workbook.ops.deform_conv2d import reference
-from workbook.ops.spec import BadInput, Case, OpSpec, Sample, compare, dtype_name
+from workbook.spec import BadInput, Case, OpSpec, Sample, assert_rows_close, compare, dtype_name
 
 SPEC = ops.get("deform_conv2d")
 STAGE = stages.here(__file__)
@@ -529,12 +529,12 @@ def check_past_2_31_elements_bfloat16(fn, case=HUGE_CASE, device="cuda", images=
                                      ("gradient of input", grads[0][part], expected_grads[0]),
                                      ("gradient of offset", grads[1][part], expected_grads[1]),
                                      ("gradient of mask", grads[4][part], expected_grads[4])):
-            testing.assert_rows_close(what, part, actual, wanted.detach(), tolerance)
+            assert_rows_close(what, part, actual, wanted.detach(), tolerance)
         sums[0] += expected_grads[2]
         sums[1] += expected_grads[3]
     everything = slice(0, n)
-    testing.assert_rows_close("gradient of weight", everything, grads[2], sums[0], tolerance)
-    testing.assert_rows_close("gradient of bias", everything, grads[3], sums[1], tolerance)
+    assert_rows_close("gradient of weight", everything, grads[2], sums[0], tolerance)
+    assert_rows_close("gradient of bias", everything, grads[3], sums[1], tolerance)
 
 
 @pytest.mark.skipif(testing.huge_reason(HUGE_GIGABYTES) is not None,

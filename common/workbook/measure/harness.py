@@ -10,7 +10,7 @@ reference lines, and its targets, in an `OpBench`; this file does the rest, the 
 op and device:
 
   1. discover: every stage whose stage.toml lists the op and that runs on the device;
-  2. validate: each implementation against the float64 reference with workbook.ops.spec.compare,
+  2. validate: each implementation against the float64 reference with workbook.spec.compare,
      the comparison the stage tests assert; one that is off, gives NaN or raises is refused,
      reported and never timed;
   3. time: torch.utils.benchmark medians per phase, in rounds interleaved over the implementations
@@ -33,6 +33,7 @@ import dataclasses
 import datetime
 import gc
 import importlib
+import importlib.util
 import itertools
 import json
 import math
@@ -57,11 +58,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(stages.build_root() / "indu
 
 import torch  # noqa: E402
 
-from workbook import ops  # noqa: E402
 from workbook.build import builder, compiler  # noqa: E402
 from workbook.build.loader import StageConflict, import_stage  # noqa: E402
 from workbook.measure import timing  # noqa: E402
-from workbook.ops.spec import OpSpec, Sample, as_tuple, compare, random_like  # noqa: E402
+from workbook.spec import OpSpec, Sample, as_tuple, compare, random_like  # noqa: E402
 
 compiler.prepare()  # ninja on PATH and CUDA_HOME set before a stage builds (see workbook.build)
 
@@ -201,17 +201,15 @@ class OpBench:
     upgrade: Callable[[dict], dict] | None = None  # an older report's layout into today's
 
 
-def op_names() -> list[str]:
-    """The ops with a benchmark: those whose folder holds a bench.py (ops/<op>/bench.py)."""
-    return [name for name in ops.names() if (ops.folder(name) / "bench.py").is_file()]
-
-
 def load_op(name: str) -> OpBench:
-    if name not in op_names():
+    """The benchmark of op `name`: the BENCH of its folder's bench.py (workbook.ops.having
+    ("bench") lists the ops that have one)."""
+    module = f"workbook.ops.{name}.bench"
+    if importlib.util.find_spec(f"workbook.ops.{name}") is None or \
+            importlib.util.find_spec(module) is None:
         raise LookupError(f"no benchmark for op {name!r}: expected "
-                          f"common/workbook/ops/{name}/bench.py defining BENCH; found: "
-                          f"{', '.join(op_names())}")
-    return importlib.import_module(f"workbook.ops.{name}.bench").BENCH
+                          f"common/workbook/ops/{name}/bench.py defining BENCH")
+    return importlib.import_module(module).BENCH
 
 
 def first_line(error: BaseException) -> str:
@@ -293,7 +291,7 @@ def find_implementation(bench: OpBench, device: str, key: str) -> Impl:
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation: workbook.ops.spec.compare, the one comparison
+# Validation: workbook.spec.compare, the one comparison
 
 
 @dataclasses.dataclass

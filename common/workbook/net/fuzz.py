@@ -4,7 +4,7 @@ An `Example` is one drawn call of an op: a `Case` of its descriptor (sizes, 0 an
 a dtype, a memory layout per tensor argument, which arguments require grad, the seed of the
 values and the number of CPU threads. `assert_example(fn, spec, example)` builds the sample with the
 descriptor's input maker, stores each tensor in its layout and compares fn with the float64
-reference (workbook.ops.spec.compare: outputs and the gradient of every input that requires grad,
+reference (workbook.spec.compare: outputs and the gradient of every input that requires grad,
 within the descriptor's tolerances for the dtype). A failing example's repr is the reproducer:
 
     from workbook import ops
@@ -36,7 +36,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from workbook import ops
 from workbook.build.stages import build_root
-from workbook.ops.spec import LAYOUTS, Case, OpSpec, Sample, compare, dtype_name
+from workbook.spec import LAYOUTS, Case, OpSpec, Sample, compare, dtype_name
 
 LONG = os.environ.get("WORKBOOK_FUZZ", "") == "long"
 
@@ -57,7 +57,7 @@ def settings(*, ci: int, long: int) -> hypothesis_settings:
 
 
 # ----------------------------------------------------------------------------------------------
-# Layouts: workbook.ops.spec's (the ones the stage tests use), plus contiguous, a storage offset and
+# Layouts: workbook.spec's (the ones the stage tests use), plus contiguous, a storage offset and
 # a slice
 
 
@@ -106,7 +106,7 @@ def relayout_each(sample: Sample, layouts: Mapping[str, str]) -> Sample:
 @dataclasses.dataclass(frozen=True)
 class Example:
     """One drawn call: its repr is a reproducer (pass it to `assert_example`; Case is
-    workbook.ops.spec's)."""
+    workbook.spec's)."""
 
     case: Case
     dtype: torch.dtype

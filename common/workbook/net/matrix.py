@@ -2,7 +2,7 @@
 run in a child process, so that a crash (a segfault, an abort, a hang) fails that case and not
 the test run.
 
-A row (workbook.ops.spec.Row) says how to build the inputs on a device, and either the exception
+A row (workbook.spec.Row) says how to build the inputs on a device, and either the exception
 class and the argument its message must name (a bad input), or None (an input the op must accept:
 a view, a subclass, NaN, an empty batch), with what is checked then. Each row runs in up to three
 modes:
@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from workbook import ops
-from workbook.ops.spec import (
+from workbook.spec import (
     MATRIX_MODES,
     OpSpec,
     Row,

@@ -1,6 +1,6 @@
 """Everything the workbook knows about its ops: one folder per op, found on disk.
 
-    ops/<op>/__init__.py    the descriptor, OP (workbook.ops.spec.OpSpec): argument names, input
+    ops/<op>/__init__.py    the descriptor, OP (workbook.spec.OpSpec): argument names, input
                             maker, cases, tolerances, gradcheck options, the bad inputs it refuses
     ops/<op>/reference.py   the op in plain PyTorch: the float64 reference, the eager baseline
     ops/<op>/matrix.py      its rows of the hostile-input matrix (workbook.net.matrix)
@@ -23,7 +23,7 @@ from types import ModuleType
 
 from workbook.build import stages
 from workbook.build.stages import Stage
-from workbook.ops.spec import OpSpec
+from workbook.spec import OpSpec
 
 
 def folder(name: str) -> Path:
@@ -51,6 +51,11 @@ def part(name: str, what: str) -> ModuleType | None:
     if not (folder(name) / f"{what}.py").is_file():
         return None
     return importlib.import_module(f"{__name__}.{name}.{what}")
+
+
+def having(what: str) -> list[str]:
+    """The ops whose folder has a part `what` ("matrix", "fuzz", "bench")."""
+    return [name for name in names() if (folder(name) / f"{what}.py").is_file()]
 
 
 def get(name: str) -> OpSpec:

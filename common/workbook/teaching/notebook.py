@@ -31,7 +31,7 @@ import torch
 
 from workbook import ops
 from workbook.build import stages
-from workbook.ops.spec import OpSpec, Sample, compare, dtype_name
+from workbook.spec import OpSpec, Sample, compare, dtype_name
 
 REPO = stages.REPO
 
@@ -395,7 +395,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence]) -> None:
 def show_against_reference(fn: Callable, op: str | OpSpec,
                            inputs: Sample | Sequence[torch.Tensor]) -> None:
     """Show how far fn's outputs and input gradients are from the float64 reference of `op` (a
-    name in workbook.ops, or its OpSpec), with the op's tolerances (workbook.ops.spec.compare,
+    name in workbook.ops, or its OpSpec), with the op's tolerances (workbook.spec.compare,
     the comparison the tests assert). Raises when any is outside: a notebook must not go on to
     time a wrong kernel. `inputs`: a Sample, or the op's positional tensors."""
     spec = ops.get(op) if isinstance(op, str) else op

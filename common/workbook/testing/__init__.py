@@ -49,16 +49,7 @@ import torch
 
 from workbook.build import emulate
 from workbook.build.loader import import_stage
-from workbook.ops.spec import (
-    BadInput,
-    Case,
-    OpSpec,
-    Sample,
-    as_tuple,
-    compare,
-    dtype_name,
-    relayout,
-)
+from workbook.spec import BadInput, Case, OpSpec, Sample, as_tuple, compare, dtype_name, relayout
 
 # ----------------------------------------------------------------------------------------------
 # Parameters
@@ -488,7 +479,8 @@ def working_copy(destination):
 
 
 # ----------------------------------------------------------------------------------------------
-# Past 2^31 elements: opt-in (WORKBOOK_HUGE_TESTS=1), on a GPU with the memory
+# Past 2^31 elements: opt-in (WORKBOOK_HUGE_TESTS=1), on a GPU with the memory; the outputs are
+# compared a chunk at a time (workbook.spec.assert_rows_close).
 
 
 def huge_reason(gigabytes: float) -> str | None:
@@ -503,16 +495,3 @@ def huge_reason(gigabytes: float) -> str | None:
         return f"{NO_GPU}; {how}"
     total = torch.cuda.get_device_properties(0).total_memory / 1e9
     return f"this GPU has {total:.0f} GB; {how}" if total < gigabytes else None
-
-
-def assert_rows_close(what: str, rows: slice, actual: torch.Tensor, expected: torch.Tensor,
-                      tolerance: tuple[float, float]) -> None:
-    """workbook.ops.spec.compare's criterion, |a - e| <= atol max(1, max |e|) + rtol |e|, on one
-    chunk along the first dimension (rows of a matrix, images of a batch; a NaN fails it): for
-    outputs too large to compare in float64 at once."""
-    rtol, atol = tolerance
-    error = (actual.double() - expected).abs()
-    allowed = atol * max(1.0, expected.abs().max().item()) + rtol * expected.abs()
-    bad = ~(error <= allowed)
-    assert not bad.any(), (f"{what}, rows {rows.start}-{rows.stop - 1}: {int(bad.sum())} elements "
-                           f"off, max |error| {error.max().item():.3g}")

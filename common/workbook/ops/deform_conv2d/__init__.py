@@ -15,7 +15,7 @@ import zlib
 import torch
 
 from workbook.ops.deform_conv2d import reference
-from workbook.ops.spec import BadInput, Case, OpSpec, Sample, other_device
+from workbook.spec import BadInput, Case, OpSpec, Sample, other_device
 
 ARG_NAMES = ("input", "offset", "weight", "bias")
 KEYWORDS = ("stride", "padding", "dilation", "mask")

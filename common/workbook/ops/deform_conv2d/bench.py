@@ -15,7 +15,7 @@ What it measures (the harness, common/workbook/measure/harness.py, validates, ti
                   side it is (its make() says why); mask uniform in [0, 1), bias present
   implementations every stage whose stage.toml lists `deform_conv2d` and runs on the device,
                   torchvision.ops.deform_conv2d, and the same op on F.grid_sample
-                  (workbook.reference.deform_conv2d_grid_sample); all validated in float32 against
+                  (reference.deform_conv2d_grid_sample); all validated in float32 against
                   the float64 reference at the descriptor's tolerance
   reference line  F.conv2d of the same shape: the dense convolution's arithmetic, the floor
   phases          forward, and forward + backward (the gradients of input, offset, mask, weight,
@@ -53,7 +53,7 @@ from workbook.measure import harness
 from workbook.measure.harness import Config, Impl, Plan, Target
 from workbook.ops.deform_conv2d import TORCHVISION as TORCHVISION_SIZES
 from workbook.ops.deform_conv2d import reference
-from workbook.ops.spec import Case, Sample, as_tuple, random_like
+from workbook.spec import Case, Sample, as_tuple, random_like
 
 SPEC = ops.get("deform_conv2d")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from workbook.ops.spec import Case
+from workbook.spec import Case
 
 EXAMPLES = {"ci": 250, "long": 2500}
 

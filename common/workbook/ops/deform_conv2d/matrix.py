@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from workbook.ops.deform_conv2d import ARG_NAMES, make, torchvision_case
-from workbook.ops.spec import Row, Sample
+from workbook.spec import Row, Sample
 
 OPTIONAL = ("bias", "mask")  # None is a valid value of these
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from workbook.ops.lltm import reference
-from workbook.ops.spec import BadInput, Case, OpSpec, Sample, other_device
+from workbook.spec import BadInput, Case, OpSpec, Sample, assert_rows_close, other_device
 
 ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
@@ -281,8 +281,6 @@ def assert_past_2_31_elements(fn, case=None, device="cuda", rows=1 << 16) -> Non
     gradients, sums over all rows, are summed chunk by chunk in float64. Peak on the GPU, in
     the backward: about 16 tensors of B x S bfloat16 (4.3 GB each; the gates and their gradient
     count 3 each), 70 GB."""
-    from workbook.testing import assert_rows_close
-
     case = case or HUGE_CASE
     batch, features, state = case["batch"], case["features"], case["state"]
     gen = torch.Generator(device=device).manual_seed(0)

@@ -6,7 +6,7 @@ Run card
 
 What it measures (the harness, common/workbook/measure/harness.py, validates, times and reports):
   configurations  the tutorial's (batch 16, features 32, state 128), a large one, a sweep over state
-  implementations plain PyTorch (workbook.reference.lltm, "eager"), torch.compile of it, and every
+  implementations plain PyTorch (reference.lltm, "eager"), torch.compile of it, and every
                   stage whose stage.toml lists `lltm` and runs on the device (02, 03, 05, 06 on the
                   CPU; 04, 05, 06 on a GPU)
   phases          forward (autograd recording) and backward (the graph replayed), as the tutorial's
@@ -32,7 +32,7 @@ from workbook.build.loader import import_stage
 from workbook.measure import harness
 from workbook.measure.harness import Config, Impl, Plan, Target
 from workbook.ops.lltm import reference
-from workbook.ops.spec import Case
+from workbook.spec import Case
 
 SPEC = ops.get("lltm")
 

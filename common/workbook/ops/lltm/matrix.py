@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from workbook.ops.lltm import ARG_NAMES, make
-from workbook.ops.spec import Case, Row, Sample
+from workbook.spec import Case, Row, Sample
 
 
 def valid(device: str) -> Sample:

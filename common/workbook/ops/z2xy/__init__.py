@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workbook.ops.spec import BadInput, Case, OpSpec, Sample, other_device
 from workbook.ops.z2xy import reference
+from workbook.spec import BadInput, Case, OpSpec, Sample, other_device
 
 ARG_NAMES = ("x", "y")
 

@@ -12,7 +12,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from workbook.ops.spec import Case, OpSpec, Sample
+from workbook.spec import Case, OpSpec, Sample
 
 EXAMPLES = {"ci": 300, "long": 2000}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from workbook.ops.spec import Case, Row, Sample
 from workbook.ops.z2xy import ARG_NAMES, make
+from workbook.spec import Case, Row, Sample
 
 
 def valid(device: str) -> Sample:

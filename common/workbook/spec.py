@@ -444,3 +444,16 @@ def compare(fn: Callable, spec: OpSpec, sample: Sample, *, gradients: bool = Tru
             differences.append(_difference(f"gradient of {name}", g, ref, t.dtype, t.device,
                                            tolerance))
     return Comparison(tuple(differences), tolerance, dtype)
+
+
+def assert_rows_close(what: str, rows: slice, actual: torch.Tensor, expected: torch.Tensor,
+                      tolerance: tuple[float, float]) -> None:
+    """workbook.spec.compare's criterion, |a - e| <= atol max(1, max |e|) + rtol |e|, on one
+    chunk along the first dimension (rows of a matrix, images of a batch; a NaN fails it): for
+    outputs too large to compare in float64 at once."""
+    rtol, atol = tolerance
+    error = (actual.double() - expected).abs()
+    allowed = atol * max(1.0, expected.abs().max().item()) + rtol * expected.abs()
+    bad = ~(error <= allowed)
+    assert not bad.any(), (f"{what}, rows {rows.start}-{rows.stop - 1}: {int(bad.sum())} elements "
+                           f"off, max |error| {error.max().item():.3g}")
