@@ -37,7 +37,8 @@ STAGE_NUMBERS := $(foreach f,$(STAGE_FOLDERS),$(shell echo $(f) | cut -c1-2))
 STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo bench notebooks lab install cuda-toolkit doctor fix-abi diff new-stage \
+.PHONY: help stage test demo bench notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
+	diff new-stage \
 	lint gpu-check test-template fuzz sanitize exercise verify test-exercises book book-check clean \
 	distclean env \
 	env-check $(STAGE_GOALS)
@@ -70,6 +71,8 @@ help:
 	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
 	@echo "  make gpu-check   on a GPU machine: build, test, sanitize and time the CUDA stages (OUT=dir)"
 	@echo "  make install     pip-install the production library into this Python"
+	@echo "  make wheel       the stable-ABI library (stage 8) as one abi3 wheel, in dist/"
+	@echo "  make abi-check   that wheel, built once, tested under two torch versions (TORCH=2.x.y)"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
 	@echo "  make fix-abi STAGE=N   repair a stage built with the wrong C++11 ABI (CHECK=1: only report)"
@@ -197,6 +200,17 @@ lab: $(ENV_READY)
 # Install the production library (the last stage whose stage.toml says `production = true`).
 install: $(ENV_READY)
 	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.build.stages --production)"
+
+# The stable-ABI library (stage 08) as a wheel, in dist/: one build for every torch from 2.10 and
+# every CPython from 3.9 (tagged cp39-abi3).
+wheel: $(ENV_READY)
+	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/08_stable_abi
+	@ls -1 $(REPO)/dist/*.whl
+
+# That wheel, built once, tested under the pinned torch and under torch 2.13.0 (TORCH=2.x.y for
+# another) in a throwaway venv under build/abi-check/: scripts/abi_check.py says how.
+abi-check: $(ENV_READY)
+	@$(PY) $(REPO)/scripts/abi_check.py $(if $(TORCH),--torch $(TORCH))
 
 # nvcc and CUDA headers from pip wheels, matching torch's CUDA (a no-op where one is found).
 cuda-toolkit: $(ENV_READY)

@@ -28,17 +28,19 @@ from workbook.spec import OpSpec, Sample, compare
 def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
     """The stages the demo builds and runs here, and why each other stage is not run.
 
-    One stage per package (a package loads once per process): the newest, which is the one a
-    user would import. Without a GPU nothing is compiled that cannot run: a CUDA-only stage is
-    not built, and a stage with a CPU fallback is built CPU-only, in a folder of its own
-    (build/stages-cpu/), unless its full build is already up to date (after `make test`). `make
-    test` still compiles every CUDA file, and runs the CUDA tests on the emulated CUDA device.
+    One stage per package (a package loads once per process): the one a user would import, the
+    production stage where the package has one (`make install`'s), else the newest. Without a
+    GPU nothing is compiled that cannot run: a CUDA-only stage is not built, and a stage with a
+    CPU fallback is built CPU-only, in a folder of its own (build/stages-cpu/), unless its full
+    build is already up to date (after `make test`). `make test` still compiles every CUDA file,
+    and runs the CUDA tests on the emulated CUDA device.
     """
     from workbook.build import toolkit
 
     chosen: dict[str, stages.Stage] = {}
     not_run: dict[int, str] = {}
-    for s in reversed(stages.all_stages()):
+    newest_first = list(reversed(stages.all_stages()))
+    for s in sorted(newest_first, key=lambda s: not s.production):  # production stages first
         if s.package in chosen:
             not_run[s.number] = (f"its package `{s.package}` is {chosen[s.package].label}'s "
                                  f"too, and one loads per process: `make stage {s.number}` "

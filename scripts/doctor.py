@@ -309,12 +309,31 @@ def check_build_dir() -> None:
     report("OK", "build dir", f"{where}, writable{jit_note}")
 
 
+def stable_abi(library: Path) -> bool:
+    """Whether a built library calls libtorch through the stable ABI's C shims only (stage 08):
+    no C++ name of c10, ATen or torch among the symbols it needs, so no C++11 ABI to clash."""
+    try:
+        out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True,
+                             text=True, check=True).stdout
+        names = [line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()]
+        demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
+                                   text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return (any(n.startswith(("aoti_torch_", "torch_")) for n in names)
+            and not any(d.startswith(("c10::", "at::", "torch::", "caffe2::")) for d in demangled))
+
+
 def check_built_stages(torch) -> None:
     """The ABI each built stage was compiled with, from the record the build writes."""
     theirs = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     built, wrong = [], []
     for s in stages.all_stages():
-        if s.kind != "setup" or not list((s.lib_dir / s.package).glob("*.so")):
+        libraries = list((s.lib_dir / s.package).glob("*.so")) if s.kind == "setup" else []
+        if not libraries:
+            continue
+        if all(stable_abi(lib) for lib in libraries):
+            built.append(f"{s.number} (stable ABI: no C++ symbol of torch, no C++11 ABI to match)")
             continue
         record = s.build_dir / "build-flags.txt"
         match = re.search(r"_GLIBCXX_USE_CXX11_ABI=([01])",

@@ -167,6 +167,16 @@ inspect_symbols() {  # $1: library
   fi
 }
 
+# A stable-ABI build (stage 08) calls libtorch through its C shims only (aoti_torch_*, torch_*):
+# no C++ name of c10, ATen or torch among its undefined symbols, so its C++11 ABI setting cannot
+# clash with torch's. True for such a library.
+stable_abi() {  # $1: library
+  local names
+  names=$(nm -D --undefined-only "$1" | awk '{print $NF}' | sed 's/@.*//')
+  grep -qE '^(aoti_torch_|torch_)' <<<"$names" || return 1
+  ! c++filt <<<"$names" | grep -qE '^(c10|at|torch|caffe2)::'
+}
+
 # Loads the library in a fresh interpreter after torch, as `import` would. Sets import_error ("" when
 # it loads) and missing (the undefined symbol it names, if any).
 try_import() {  # $1: kind, $2: library
@@ -272,6 +282,19 @@ while IFS=$'\t' read -r number folder kind root lib <&3; do
       why=$(nm -D "$lib" 2>&1 | head -n 1 || true)
       say "  NOT A SHARED LIBRARY: nm cannot read its dynamic symbols${why:+ ($why)}"
       status=1; continue
+    fi
+    if stable_abi "$lib"; then
+      say "  symbols: a stable-ABI build: it calls libtorch through C shims only (aoti_torch_*," \
+          "torch_*), no C++ name of c10, ATen or torch, so the C++11 ABI cannot clash: nothing" \
+          "to repair"
+      try_import "$kind" "$lib"
+      if [ -z "$import_error" ]; then say "  import: loads"; say "  OK: consistent with torch"
+      else
+        say "  import: FAILS: $import_error"
+        say "  NOT AN ABI PROBLEM: a torch older than the one it targets (TORCH_TARGET_VERSION)?"
+        status=1
+      fi
+      continue
     fi
     if diagnose "$kind" "$lib" "$root/stages/$folder/build-flags.txt"; then
       say "  OK: consistent with torch"

@@ -580,7 +580,7 @@ SHARED_MATH = {
                                        ".d_weight_dy(j)", ".d_weight_dx(j)"]),
 }
 CPU_KERNELS = {
-    "workbook/lltm_math.h": [STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cpu.cpp"],
+    "workbook/lltm_math.h": [STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cpu.h"],
     "workbook/bilinear.h": [STAGES_DIR / "06_op_library" / "csrc" / "deform_conv2d" / "cpu" /
                             "deform_conv2d_cpu.cpp"],
 }

@@ -116,7 +116,7 @@ def test_the_default_checks_the_stages_with_their_own_cpu_sources():
     default = [s for s in every if sanitize.why_not(s, full=False) is None]
     assert default, "the default pass would check no stage"
     for s in default:
-        assert s.kind == "setup" and not s.sources_from and (s.cpu_fallback or not s.cuda)
+        assert s.kind == "setup" and sanitize.own_cpu_sources(s) and (s.cpu_fallback or not s.cuda)
     for s in every:
         if s not in default:
             assert sanitize.why_not(s, full=False)  # a skipped stage says why

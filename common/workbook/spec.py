@@ -182,6 +182,21 @@ class BadInput:
         return self.name
 
 
+def raised_as(error: BaseException) -> tuple[type[BaseException], str]:
+    """The class an op's error means and its message. Mostly the error's own; but a library on
+    the stable ABI (stage 08) cannot raise c10's ValueError and TypeError from C++, so its checks
+    raise RuntimeError with the class first in the message, "[ValueError] lltm: ..."
+    (workbook/checks.h): that is read as the class it names. (Its functional forms raise the
+    class itself: extops/errors.py.)"""
+    message = str(error)
+    if isinstance(error, RuntimeError):
+        for kind in (ValueError, TypeError):
+            prefix = f"[{kind.__name__}] "
+            if message.startswith(prefix):
+                return kind, message[len(prefix):]
+    return type(error), message
+
+
 # The modes a row of the hostile-input matrix runs in (workbook.net.matrix): eager on CPU tensors
 # (the C++ checks), on meta tensors (the fake kernel), and through torch.compile(fullgraph=True).
 MATRIX_MODES = ("eager", "meta", "compile")

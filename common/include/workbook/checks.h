@@ -13,18 +13,24 @@
 // (cuda:0), sizes as lists ([2, 3]). The messages are written once (below), and a library's fake
 // kernels read the same table and run these checks in the same order (extops/errors.py).
 //
-// The exception class follows what went wrong: TORCH_CHECK_TYPE (TypeError) for dtypes and
-// layouts, TORCH_CHECK_VALUE (ValueError) for shapes, TORCH_CHECK (RuntimeError) for devices.
+// The exception class follows what went wrong: WORKBOOK_CHECK_TYPE (TypeError) for dtypes and
+// layouts, WORKBOOK_CHECK_VALUE (ValueError) for shapes, WORKBOOK_CHECK (RuntimeError) for
+// devices: ATen's TORCH_CHECK_TYPE, _VALUE and TORCH_CHECK (on the stable ABI, see below).
 // Every check is cheap (metadata only): call them at the top of an op, before dispatching a kernel.
 //
 // Only metadata is read, so at::Tensor (ATen/core/Tensor.h) is all this header includes, not
 // <ATen/ATen.h> (every op: twice as long to parse): a file that keeps to per-operator headers, as
 // stage 01's z2xy.cpp does, stays quick to compile with the checks in it.
+//
+// Two ABIs, one header. Compiled for the stable ABI (TORCH_TARGET_VERSION defined: stage 08),
+// the same checks read a torch::stable::Tensor, which answers the same questions (dim, sizes,
+// scalar_type, layout, device) through libtorch's C shims. What the stable ABI lacks is typed
+// exceptions: c10::TypeError and c10::ValueError are C++ classes of libtorch, and only a
+// std::exception crosses into it safely. So there a failed check throws std::runtime_error (a
+// RuntimeError in Python) whose message starts with the class it would have had,
+// "[ValueError] lltm: `old_h` must ...", and the library's Python side raises it as that class
+// (stage 06's extops/errors.py, `call`), with the message that follows.
 #pragma once
-
-#include <ATen/core/Tensor.h>
-#include <c10/core/DeviceType.h>
-#include <c10/util/Exception.h>
 
 #include <cctype>
 #include <cstddef>
@@ -33,6 +39,42 @@
 #include <string>
 #include <string_view>
 #include <utility>
+
+#ifdef TORCH_TARGET_VERSION
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/DeviceType.h>
+#include <torch/headeronly/core/Layout.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <stdexcept>
+
+namespace workbook {
+using Tensor = torch::stable::Tensor;
+using Device = torch::stable::Device;
+}  // namespace workbook
+#define WORKBOOK_CHECK_TYPE(cond, message) \
+  WORKBOOK_THROW_UNLESS_(cond, std::string("[TypeError] ") + (message))
+#define WORKBOOK_CHECK_VALUE(cond, message) \
+  WORKBOOK_THROW_UNLESS_(cond, std::string("[ValueError] ") + (message))
+#define WORKBOOK_CHECK(cond, message) WORKBOOK_THROW_UNLESS_(cond, message)
+#define WORKBOOK_THROW_UNLESS_(cond, message)       \
+  do {                                              \
+    if (!(cond)) throw std::runtime_error(message); \
+  } while (false)
+#else
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
+
+namespace workbook {
+using Tensor = at::Tensor;
+using Device = c10::Device;
+}  // namespace workbook
+// A failed check raises TypeError (_TYPE), ValueError (_VALUE) or RuntimeError (plain).
+#define WORKBOOK_CHECK_TYPE(cond, message) TORCH_CHECK_TYPE(cond, message)
+#define WORKBOOK_CHECK_VALUE(cond, message) TORCH_CHECK_VALUE(cond, message)
+#define WORKBOOK_CHECK(cond, message) TORCH_CHECK(cond, message)
+#endif
 
 namespace workbook {
 
@@ -98,33 +140,33 @@ inline std::string say(std::string_view name,
 // A dtype as str(dtype) prints it ("torch.float32"). The types with a legacy C++ name are spelled
 // out; the others' Python names are their C++ names in lower case (Float8_e4m3fn ->
 // float8_e4m3fn, UInt16 -> uint16). tests/test_tools.py holds this against str() of every dtype.
-inline std::string dtype_name(at::ScalarType type) {
+inline std::string dtype_name(c10::ScalarType type) {
   switch (type) {
-    case at::kDouble:
+    case c10::ScalarType::Double:
       return "torch.float64";
-    case at::kFloat:
+    case c10::ScalarType::Float:
       return "torch.float32";
-    case at::kHalf:
+    case c10::ScalarType::Half:
       return "torch.float16";
-    case at::kBFloat16:
+    case c10::ScalarType::BFloat16:
       return "torch.bfloat16";
-    case at::kComplexDouble:
+    case c10::ScalarType::ComplexDouble:
       return "torch.complex128";
-    case at::kComplexFloat:
+    case c10::ScalarType::ComplexFloat:
       return "torch.complex64";
-    case at::kComplexHalf:
+    case c10::ScalarType::ComplexHalf:
       return "torch.complex32";
-    case at::kLong:
+    case c10::ScalarType::Long:
       return "torch.int64";
-    case at::kInt:
+    case c10::ScalarType::Int:
       return "torch.int32";
-    case at::kShort:
+    case c10::ScalarType::Short:
       return "torch.int16";
-    case at::kChar:
+    case c10::ScalarType::Char:
       return "torch.int8";
-    case at::kByte:
+    case c10::ScalarType::Byte:
       return "torch.uint8";
-    case at::kBool:
+    case c10::ScalarType::Bool:
       return "torch.bool";
     default: {
       std::string name = c10::toString(type);
@@ -134,24 +176,57 @@ inline std::string dtype_name(at::ScalarType type) {
   }
 }
 
+// Sizes or strides as a list prints them ("[2, 3]").
+template <typename Ints>
+std::string list_string(const Ints& values) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+// A device type as torch.device spells it ("cuda"), and a device as it prints ("cuda:0").
+inline std::string device_type_name(c10::DeviceType type) {
+#ifdef TORCH_TARGET_VERSION
+  switch (type) {  // the types a stable-ABI kernel can be registered for
+    case c10::DeviceType::CPU:
+      return "cpu";
+    case c10::DeviceType::CUDA:
+      return "cuda";
+    case c10::DeviceType::Meta:
+      return "meta";
+    default:
+      return "device type " + std::to_string(static_cast<int>(type));
+  }
+#else
+  return c10::DeviceTypeName(type, /*lower_case=*/true);  // the emulated device's own name too
+#endif
+}
+
+inline std::string device_name(const Device& device) {
+  const std::string type = device_type_name(device.type());
+  return device.index() < 0 ? type : type + ":" + std::to_string(device.index());
+}
+
 // A layout as str(layout) prints it ("torch.sparse_coo").
-inline std::string layout_name(at::Layout layout) {
+inline std::string layout_name(c10::Layout layout) {
   switch (layout) {
-    case at::kStrided:
+    case c10::kStrided:
       return "torch.strided";
-    case at::kSparse:
+    case c10::kSparse:
       return "torch.sparse_coo";
-    case at::kSparseCsr:
+    case c10::kSparseCsr:
       return "torch.sparse_csr";
-    case at::kSparseCsc:
+    case c10::kSparseCsc:
       return "torch.sparse_csc";
-    case at::kSparseBsr:
+    case c10::kSparseBsr:
       return "torch.sparse_bsr";
-    case at::kSparseBsc:
+    case c10::kSparseBsc:
       return "torch.sparse_bsc";
-    case at::kMkldnn:
+    case c10::kMkldnn:
       return "torch._mkldnn";
-    case at::kJagged:
+    case c10::kJagged:
       return "torch.jagged";
     default:
       return "layout " + std::to_string(static_cast<int>(layout));
@@ -161,102 +236,112 @@ inline std::string layout_name(at::Layout layout) {
 // ----------------------------------------------------------------------------------------------
 // Checks
 
-inline void check_defined(const at::Tensor& t, const Arg& arg) {
-  TORCH_CHECK_VALUE(t.defined(), say("undefined", {{"op", arg.op}, {"arg", arg.name}}));
+inline void check_defined(const Tensor& t, const Arg& arg) {
+  WORKBOOK_CHECK_VALUE(t.defined(), say("undefined", {{"op", arg.op}, {"arg", arg.name}}));
 }
 
 // The dtypes the kernels compute in: an allow-list, not at::isFloatingType, which also admits the
 // float8 types (no kernel here computes in float8: refused by name, not failed inside a kernel).
-inline bool supported_floating(at::ScalarType type) {
-  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+inline bool supported_floating(c10::ScalarType type) {
+  return type == c10::ScalarType::Double || type == c10::ScalarType::Float ||
+         type == c10::ScalarType::Half || type == c10::ScalarType::BFloat16;
 }
 
 // Dense (strided) tensors only: a sparse, mkldnn or nested tensor is refused by name here rather
 // than failing later inside ATen with a message that names no argument.
-inline void check_strided(const at::Tensor& t, const Arg& arg) {
+inline void check_strided(const Tensor& t, const Arg& arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(
-      t.layout() == at::kStrided,
+  WORKBOOK_CHECK_TYPE(
+      t.layout() == c10::kStrided,
       say("dense", {{"op", arg.op}, {"arg", arg.name}, {"got", layout_name(t.layout())}}));
 }
 
-inline void check_floating(const at::Tensor& t, const Arg& arg) {
+inline void check_floating(const Tensor& t, const Arg& arg) {
   check_strided(t, arg);
-  TORCH_CHECK_TYPE(
+  WORKBOOK_CHECK_TYPE(
       supported_floating(t.scalar_type()),
       say("floating", {{"op", arg.op}, {"arg", arg.name}, {"got", dtype_name(t.scalar_type())}}));
 }
 
 // `t` in the dtype of `first` (the op's first tensor, which sets it).
-inline void check_dtype(const at::Tensor& t, const Arg& arg, const at::Tensor& first,
+inline void check_dtype(const Tensor& t, const Arg& arg, const Tensor& first,
                         const Arg& first_arg) {
   check_defined(t, arg);
-  TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(),
-                   say("dtype", {{"op", arg.op},
-                                 {"arg", arg.name},
-                                 {"expected", dtype_name(first.scalar_type())},
-                                 {"first", first_arg.name},
-                                 {"got", dtype_name(t.scalar_type())}}));
+  WORKBOOK_CHECK_TYPE(t.scalar_type() == first.scalar_type(),
+                      say("dtype", {{"op", arg.op},
+                                    {"arg", arg.name},
+                                    {"expected", dtype_name(first.scalar_type())},
+                                    {"first", first_arg.name},
+                                    {"got", dtype_name(t.scalar_type())}}));
 }
 
 // The device type as torch.device spells it ("cuda"; the emulated device's own name).
-inline void check_device_type(const at::Tensor& t, const Arg& arg, c10::DeviceType expected) {
+inline void check_device_type(const Tensor& t, const Arg& arg, c10::DeviceType expected) {
   check_defined(t, arg);
-  TORCH_CHECK(t.device().type() == expected,
-              say("device_type", {{"op", arg.op},
-                                  {"arg", arg.name},
-                                  {"expected", c10::DeviceTypeName(expected, /*lower_case=*/true)},
-                                  {"got", c10::str(t.device())}}));
+  WORKBOOK_CHECK(t.device().type() == expected,
+                 say("device_type", {{"op", arg.op},
+                                     {"arg", arg.name},
+                                     {"expected", device_type_name(expected)},
+                                     {"got", device_name(t.device())}}));
 }
 
-inline void check_contiguous(const at::Tensor& t, const Arg& arg) {
+inline void check_contiguous(const Tensor& t, const Arg& arg) {
   check_defined(t, arg);
-  TORCH_CHECK(t.is_contiguous(), say("contiguous", {{"op", arg.op},
-                                                    {"arg", arg.name},
-                                                    {"sizes", c10::str(t.sizes())},
-                                                    {"strides", c10::str(t.strides())}}));
+  WORKBOOK_CHECK(t.is_contiguous(), say("contiguous", {{"op", arg.op},
+                                                       {"arg", arg.name},
+                                                       {"sizes", list_string(t.sizes())},
+                                                       {"strides", list_string(t.strides())}}));
 }
 
-inline void check_same_device(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
+inline void check_same_device(const Tensor& t, const Arg& arg, const Tensor& other,
                               const Arg& other_arg) {
-  TORCH_CHECK(t.device() == other.device(), say("device", {{"op", arg.op},
-                                                           {"arg", arg.name},
-                                                           {"first", other_arg.name},
-                                                           {"expected", c10::str(other.device())},
-                                                           {"got", c10::str(t.device())}}));
+  WORKBOOK_CHECK(t.device() == other.device(),
+                 say("device", {{"op", arg.op},
+                                {"arg", arg.name},
+                                {"first", other_arg.name},
+                                {"expected", device_name(other.device())},
+                                {"got", device_name(t.device())}}));
 }
 
 // `what` names the dimensions for the reader, e.g. "(batch, state)".
-inline void check_dim(const at::Tensor& t, const Arg& arg, int64_t ndim, const char* what) {
+inline void check_dim(const Tensor& t, const Arg& arg, int64_t ndim, const char* what) {
   check_defined(t, arg);
-  TORCH_CHECK_VALUE(t.dim() == ndim,
-                    say("dim", {{"op", arg.op},
-                                {"arg", arg.name},
-                                {"ndim", std::to_string(ndim)},
-                                {"dimensions", ndim == 1 ? "dimension" : "dimensions"},
-                                {"what", what},
-                                {"got", std::to_string(t.dim())},
-                                {"sizes", c10::str(t.sizes())}}));
+  WORKBOOK_CHECK_VALUE(t.dim() == ndim,
+                       say("dim", {{"op", arg.op},
+                                   {"arg", arg.name},
+                                   {"ndim", std::to_string(ndim)},
+                                   {"dimensions", ndim == 1 ? "dimension" : "dimensions"},
+                                   {"what", what},
+                                   {"got", std::to_string(t.dim())},
+                                   {"sizes", list_string(t.sizes())}}));
 }
 
 // Size of dimension `dim` must be `expected`; `why` says where the expectation comes from.
-inline void check_size(const at::Tensor& t, const Arg& arg, int64_t dim, int64_t expected,
+inline void check_size(const Tensor& t, const Arg& arg, int64_t dim, int64_t expected,
                        const std::string& why) {
-  TORCH_CHECK_VALUE(t.size(dim) == expected, say("size", {{"op", arg.op},
-                                                          {"arg", arg.name},
-                                                          {"expected", std::to_string(expected)},
-                                                          {"dim", std::to_string(dim)},
-                                                          {"why", why},
-                                                          {"sizes", c10::str(t.sizes())}}));
+  WORKBOOK_CHECK_VALUE(t.size(dim) == expected, say("size", {{"op", arg.op},
+                                                             {"arg", arg.name},
+                                                             {"expected", std::to_string(expected)},
+                                                             {"dim", std::to_string(dim)},
+                                                             {"why", why},
+                                                             {"sizes", list_string(t.sizes())}}));
 }
 
-inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tensor& other,
+inline bool same_sizes(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) != b.size(d)) return false;
+  }
+  return true;
+}
+
+inline void check_same_shape(const Tensor& t, const Arg& arg, const Tensor& other,
                              const Arg& other_arg) {
-  TORCH_CHECK_VALUE(t.sizes() == other.sizes(), say("shape", {{"op", arg.op},
-                                                              {"arg", arg.name},
-                                                              {"other", other_arg.name},
-                                                              {"expected", c10::str(other.sizes())},
-                                                              {"got", c10::str(t.sizes())}}));
+  WORKBOOK_CHECK_VALUE(same_sizes(t, other), say("shape", {{"op", arg.op},
+                                                           {"arg", arg.name},
+                                                           {"other", other_arg.name},
+                                                           {"expected", list_string(other.sizes())},
+                                                           {"got", list_string(t.sizes())}}));
 }
 
 // What every op checks of all its tensor inputs together: dense, one floating dtype (the first
@@ -266,7 +351,7 @@ inline void check_same_shape(const at::Tensor& t, const Arg& arg, const at::Tens
 // another device gets the same message from every backend and from the fake kernel, whichever
 // kernel the dispatcher picked for the mix: "`weights` must be on the same device as `input` (cpu),
 // got meta".
-using NamedTensor = std::pair<const at::Tensor&, Arg>;
+using NamedTensor = std::pair<const Tensor&, Arg>;
 
 // Whether a kernel indexes its inputs' memory raw, so that they must be contiguous too (stage 04).
 enum class Memory { kAnyStrides, kContiguous };

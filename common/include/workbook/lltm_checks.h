@@ -10,18 +10,15 @@
 //   ValueError: lltm: `old_h` must have size 2 in dimension 0 (batch size of `input`), got ...
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
 
 #include "workbook/checks.h"
 
 namespace workbook::lltm {
 
-inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights,
-                                 const at::Tensor& bias, const at::Tensor& old_h,
-                                 const at::Tensor& old_cell, c10::DeviceType device,
-                                 Memory memory = Memory::kAnyStrides) {
+inline void check_forward_inputs(const Tensor& input, const Tensor& weights, const Tensor& bias,
+                                 const Tensor& old_h, const Tensor& old_cell,
+                                 c10::DeviceType device, Memory memory = Memory::kAnyStrides) {
   constexpr const char* op = "lltm";
   const Arg input_arg{op, "input"}, weights_arg{op, "weights"}, bias_arg{op, "bias"},
       h_arg{op, "old_h"}, c_arg{op, "old_cell"};
@@ -48,11 +45,10 @@ inline void check_forward_inputs(const at::Tensor& input, const at::Tensor& weig
 
 // Autograd calls the backward with what the forward saved, so the shapes agree by construction;
 // these checks guard direct calls and the kernels' memory assumptions.
-inline void check_backward_inputs(const at::Tensor& grad_h, const at::Tensor& grad_cell,
-                                  const at::Tensor& new_cell, const at::Tensor& gates,
-                                  const at::Tensor& input, const at::Tensor& old_h,
-                                  const at::Tensor& weights, c10::DeviceType device,
-                                  Memory memory = Memory::kAnyStrides) {
+inline void check_backward_inputs(const Tensor& grad_h, const Tensor& grad_cell,
+                                  const Tensor& new_cell, const Tensor& gates, const Tensor& input,
+                                  const Tensor& old_h, const Tensor& weights,
+                                  c10::DeviceType device, Memory memory = Memory::kAnyStrides) {
   constexpr const char* op = "lltm_backward";
   const Arg grad_h_arg{op, "grad_h"}, grad_cell_arg{op, "grad_cell"}, cell_arg{op, "new_cell"},
       gates_arg{op, "gates"}, input_arg{op, "input"}, h_arg{op, "old_h"},

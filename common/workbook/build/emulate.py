@@ -103,10 +103,16 @@ def wanted() -> bool:
 
 
 def name_device() -> None:
+    """Name the device (torch.device understands the name from here on) and register its module,
+    torch.<device>, which says it is available once ensure_device() has loaded it. torch asks for
+    that module as soon as the device has a name (torch.accelerator, torch.compile's tracer), even
+    in a process whose tests never load it (a stage without CUDA kernels, stage 08)."""
     import torch
 
     if torch._C._get_privateuse1_backend_name() != DEVICE:
         torch.utils.rename_privateuse1_backend(DEVICE)
+    if getattr(torch, DEVICE, None) is None:
+        torch._register_device_module(DEVICE, _DeviceModule())
 
 
 def is_emulated(device) -> bool:
@@ -290,13 +296,10 @@ def ensure_device() -> str:
     global _device_ready
     if _device_ready:
         return DEVICE
-    import torch
-
     name_device()
     _progress("the emulated CUDA device (runtime)")
     _load("workbook_emulated_device", [RUNTIME_SOURCE], build_root() / "emulated" / "runtime",
           python_module=False)
-    torch._register_device_module(DEVICE, _DeviceModule())
     _device_ready = True
     return DEVICE
 
@@ -306,11 +309,11 @@ class _DeviceModule:
 
     @staticmethod
     def is_available() -> bool:
-        return True
+        return _device_ready  # named, but not loaded, until ensure_device()
 
     @staticmethod
     def device_count() -> int:
-        return 1
+        return int(_device_ready)
 
     @staticmethod
     def current_device() -> int:

@@ -7,6 +7,7 @@ The one place that puts a built stage on sys.path.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
     imported = _imported.get(s.folder)
     if imported is not None and sys.modules.get(s.package) is imported:
         return imported
+    if os.environ.get(INSTALLED) == s.folder:
+        return _import_installed(s)
     tools_on_path()
     emulated = s.cuda and emulate.wanted()
     whole = emulated and emulate.plan(s).whole
@@ -79,5 +82,21 @@ def import_stage(number_or_folder: int | str | Stage, *, quiet: bool = True):
 
 
 _imported: dict[str, object] = {}  # stage folder -> its package, as import_stage returned it
+
+# WORKBOOK_INSTALLED=<stage folder>: that stage's tests run on its package as installed in this
+# Python (a wheel, say), not on a build under build/: how `make abi-check` tests one wheel under
+# two torch versions without building it again.
+INSTALLED = "WORKBOOK_INSTALLED"
+
+
+def _import_installed(s: Stage):
+    loaded = importlib.import_module(s.package)
+    origin = Path(getattr(loaded, "__file__", None) or "/").resolve()
+    builds = (s.lib_dir, s.cpu_only_build().lib_dir, stages.STAGES_DIR)
+    if any(origin.is_relative_to(folder.resolve()) for folder in builds):
+        raise ImportError(f"{INSTALLED}={s.folder}: `{s.package}` was imported from "
+                          f"{origin.parent}, a build of the workbook's, not an installed package")
+    _imported[s.folder] = loaded
+    return loaded
 
 

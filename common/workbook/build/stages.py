@@ -218,6 +218,18 @@ def providing(op: str) -> list[Stage]:
     return [s for s in all_stages() if op in s.ops]
 
 
+def fullest(candidates: list[Stage] | None = None) -> dict[str, Stage]:
+    """Per package, the stage a tool loads when it can load one per process: the one that
+    provides the most ops, the newest of those. Stages 06, 07 and 08 all build `extops`; 07 has
+    both ops, 08 (the stable ABI) the LLTM so far, so 07 it is, until 08 has both."""
+    chosen: dict[str, Stage] = {}
+    for s in candidates if candidates is not None else all_stages():
+        best = chosen.get(s.package)
+        if best is None or (len(s.ops), s.number) > (len(best.ops), best.number):
+            chosen[s.package] = s
+    return chosen
+
+
 def production() -> Stage:
     """The stage `make install` installs: the last one marked production = true."""
     marked = [s for s in all_stages() if s.production]

@@ -234,13 +234,15 @@ def load_stages(ops: Sequence[str], devices: Sequence[str]) -> dict[int, Any]:
     """Build and import every stage that implements one of `ops` and runs on one of `devices`:
     {number: its package, or the reason (a str) it does not run}.
 
-    Highest number first: two stages that build one package (06 and 07 both build `extops`)
-    cannot both be imported in one process, and the later one is the one to measure; the earlier
-    is reported as not run, with the reason.
+    Two stages that build one package (06, 07 and 08 build `extops`) cannot both be imported in
+    one process: the one with the most ops, the newest of those (stages.fullest), is imported
+    first and measured, and the others are reported as not run, with the reason. Then the rest,
+    highest number first.
     """
     wanted = {s.number: s for op in ops for s in stages.providing(op)}
+    first = {s.number for s in stages.fullest(list(wanted.values())).values()}
     found: dict[int, Any] = {}
-    for number in sorted(wanted, reverse=True):
+    for number in sorted(wanted, key=lambda n: (n not in first, -n)):
         s = wanted[number]
         if not any(d in devices for d in s.devices):
             found[number] = _not_on(s, devices)
@@ -250,10 +252,10 @@ def load_stages(ops: Sequence[str], devices: Sequence[str]) -> dict[int, Any]:
         except builder.StageSkipped as reason:
             found[number] = str(reason)
         except StageConflict:
-            later = [f"{wanted[n].number:02d}" for n, m in found.items()
-                     if not isinstance(m, str) and wanted[n].package == s.package]
+            measured = [f"{wanted[n].number:02d}" for n, m in found.items()
+                        if not isinstance(m, str) and wanted[n].package == s.package]
             found[number] = (f"{s.folder}: builds the package `{s.package}`, as stage "
-                             f"{', '.join(later)} does, which this run measures instead (a "
+                             f"{', '.join(measured)} does, which this run measures instead (a "
                              f"package loads once per process)")
         except Exception as error:  # a stage that does not build is reported, not fatal
             found[number] = (f"{s.folder}: failed to build or import: {type(error).__name__}: "

@@ -168,6 +168,12 @@ def runtimes() -> list[str]:
     return found
 
 
+def own_cpu_sources(s: Stage) -> list[Path]:
+    """The C++ files in stage s's own folder (stage 06's deform_conv2d, stage 08's glue), beside
+    those it compiles from other stages (sources_from)."""
+    return sorted(s.source_dir.rglob("*.cpp"))
+
+
 def why_not(s: Stage, full: bool) -> str | None:
     """Why stage s is left out of this pass; None when it is checked."""
     if s.cuda and not s.cpu_fallback:
@@ -176,7 +182,7 @@ def why_not(s: Stage, full: bool) -> str | None:
                     "(FULL=1 builds its C++ front where nvcc is found)")
         if toolkit.find() is None:
             return f"CUDA-only, and no CUDA toolkit to build it with: {toolkit.reason()}"
-    if not full and s.sources_from:
+    if not full and s.sources_from and not own_cpu_sources(s):
         return (f"its CPU sources are {', '.join(s.sources_from)}'s, checked there (FULL=1 "
                 f"builds it too)")
     if not full and s.kind == "jit":

@@ -100,13 +100,10 @@ class Implementation:
 def implementations(op: str | None = None, device: str = "cpu") -> list[Implementation]:
     """Every op (or `op`) in every package that provides it, where it runs on `device`.
 
-    A package built by several stages (stage 07 builds stage 06's `extops` with more kernels) is
-    taken from the newest of them: one process can import a package once, and the newest is the
-    one people install. Stages that run elsewhere only (stage 04: CUDA) are left out.
+    A package built by several stages (06, 07 and 08 build `extops`) is taken from one of them,
+    as one process can import a package once: the one with the most ops, the newest of those
+    (stages.fullest). Stages that run elsewhere only (stage 04: CUDA) are left out.
     """
-    newest: dict[str, Stage] = {}
-    for s in stages.all_stages():
-        if device in s.devices:
-            newest[s.package] = s
-    return [Implementation(name, s) for s in sorted(newest.values(), key=lambda s: s.number)
+    chosen = stages.fullest([s for s in stages.all_stages() if device in s.devices])
+    return [Implementation(name, s) for s in sorted(chosen.values(), key=lambda s: s.number)
             for name in s.ops if op in (None, name)]

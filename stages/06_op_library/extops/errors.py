@@ -51,9 +51,19 @@ class ExtopsTypeError(TypeError, RuntimeError):
     """A bad type, dtype or layout (also a RuntimeError, as torchvision raises)."""
 
 
+# Built on the stable ABI (stage 08), the C++ checks cannot raise c10's ValueError and TypeError
+# (C++ classes of libtorch): they raise RuntimeError, the class they mean first in the message,
+# "[ValueError] lltm: ..." (workbook/checks.h). `call` raises those as the class they name.
+_NAMED_CLASSES = {"[TypeError] ": TypeError, "[ValueError] ": ValueError}
+
+
 def as_runtime_error(error: Exception) -> Exception:
     """`error` as the extops class of its kind, same message; other errors as they are."""
     if isinstance(error, RuntimeError):
+        message = str(error)
+        for prefix, kind in _NAMED_CLASSES.items():
+            if message.startswith(prefix):
+                return as_runtime_error(kind(message[len(prefix):]))
         return error
     kind = ExtopsValueError if isinstance(error, ValueError) else ExtopsTypeError
     converted = kind(*error.args)
@@ -62,15 +72,19 @@ def as_runtime_error(error: Exception) -> Exception:
 
 
 def call(fn, *args, **kwargs):
-    """fn(*args, **kwargs), its ValueError and TypeError re-raised as ExtopsValueError and
-    ExtopsTypeError. While torch.compile traces, a plain call: torch wraps what tracing raises in
-    exceptions of its own, and Dynamo need not trace the try."""
+    """fn(*args, **kwargs), its ValueError and TypeError (and a stable-ABI check's RuntimeError
+    that names one of them) re-raised as ExtopsValueError and ExtopsTypeError. While
+    torch.compile traces, a plain call: torch wraps what tracing raises in exceptions of its own,
+    and Dynamo need not trace the try."""
     if torch.compiler.is_compiling():
         return fn(*args, **kwargs)
     try:
         return fn(*args, **kwargs)
-    except (ValueError, TypeError) as error:
-        raise as_runtime_error(error) from None
+    except (ValueError, TypeError, RuntimeError) as error:
+        converted = as_runtime_error(error)
+        if converted is error:
+            raise
+        raise converted from None
 
 
 # ----------------------------------------------------------------------------------------------

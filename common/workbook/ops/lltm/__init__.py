@@ -6,10 +6,20 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from workbook.ops.lltm import reference
-from workbook.spec import BadInput, Case, OpSpec, Sample, assert_rows_close, other_device
+from workbook.spec import (
+    BadInput,
+    Case,
+    OpSpec,
+    Sample,
+    assert_rows_close,
+    other_device,
+    raised_as,
+)
 
 ARG_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
@@ -234,11 +244,16 @@ def assert_backward_op_checks_its_inputs(backward_op) -> None:
     import pytest
 
     x, w, _, h, c = inputs(2, 3, 4, requires_grad=False)
-    with pytest.raises(ValueError,
-                       match=r"lltm_backward: `gates` must have size 12 in dimension 1"):
-        backward_op(c, c, c, torch.zeros(2, 11), x, h, w)
-    with pytest.raises(TypeError, match=r"lltm_backward: `weights` must have dtype torch.float32"):
-        backward_op(c, c, c, torch.zeros(2, 12), x, h, w.double())
+    for kind, match, args in (
+            (ValueError, r"^lltm_backward: `gates` must have size 12 in dimension 1",
+             (c, c, c, torch.zeros(2, 11), x, h, w)),
+            (TypeError, r"^lltm_backward: `weights` must have dtype torch.float32",
+             (c, c, c, torch.zeros(2, 12), x, h, w.double()))):
+        with pytest.raises((kind, RuntimeError)) as caught:
+            backward_op(*args)
+        raised, message = raised_as(caught.value)  # a stable-ABI check names its class
+        assert issubclass(raised, kind), f"{kind.__name__} expected, got {caught.value!r}"
+        assert re.search(match, message), message
 
 
 def assert_not_a_tensor_raises(fn) -> None:

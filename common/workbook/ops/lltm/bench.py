@@ -325,12 +325,13 @@ def markdown_extra(report: dict) -> list[str]:
 
 def fused_stages() -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
-    toward it and carry no targets. Of the stages that build one package (06 and 07 build
-    `extops`), the last: the one a process loads. Stage 05 registers its autograd in Python,
-    the library (06, 07) in C++: the pair measures what that layer costs."""
+    toward it and carry no targets. Of the stages that build one package (06, 07 and 08 build
+    `extops`), the one a process loads (stages.fullest: 07, with both ops). Stage 05 registers
+    its autograd in Python, the library (06, 07) in C++: the pair measures what that layer
+    costs."""
     providers = [s for s in stages.providing("lltm") if s.number >= 5]
-    return [s for k, s in enumerate(providers)
-            if not any(later.package == s.package for later in providers[k + 1:])]
+    chosen = set(stages.fullest(providers).values())
+    return [s for s in providers if s in chosen]
 
 
 def targets(device: str) -> list[Target]:

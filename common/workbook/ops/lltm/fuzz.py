@@ -13,7 +13,7 @@ from workbook.spec import Case
 EXAMPLES = {"ci": 400, "long": 5000}
 
 # The LLTM CPU kernels split B x S elements over threads in chunks of at least this many
-# (kGrainElements in stage 05's lltm_cpu.cpp): below it, a second thread never takes part.
+# (kGrainElements in stage 05's lltm_cpu.h): below it, a second thread never takes part.
 GRAIN = 8192
 
 

@@ -1,0 +1,67 @@
+// workbook/cpu.h: what a CPU kernel needs from torch, on either ABI: a parallel loop, the type a
+// dtype computes in, and (on ATen's side only) SIMD vectors.
+//
+// The kernels of stage 05 (the LLTM) are written once, over raw pointers, and compiled into two
+// libraries: the ATen ones (stages 05 to 07, which link libtorch's C++ API) and the stable-ABI
+// one (stage 08, compiled with TORCH_TARGET_VERSION, which may include only torch/csrc/stable
+// and torch/headeronly: c10's and ATen's headers refuse to compile there). This header is where
+// the two differ, so the kernels need not:
+//
+//   workbook::cpu::parallel_for   at::parallel_for, or torch::stable::parallel_for (a C shim
+//                                 since torch 2.10 that runs libtorch's own at::parallel_for:
+//                                 the same threads, the same grain rule)
+//   workbook::cpu::opmath_t<T>    the type T computes in: float for float16 and bfloat16, as
+//                                 at::opmath_type says (c10::Half and c10::BFloat16 are
+//                                 header-only types, the same on both sides)
+//   workbook::cpu::kVectorized    whether workbook::cpu::Vec<T> is at::vec::Vectorized<T>.
+//                                 at::vec is c10 headers (and SLEEF for exp and tanh, symbols of
+//                                 libtorch_cpu), so on the stable ABI there is no Vec: kernels
+//                                 run their scalar loop, which the compiler vectorises where it
+//                                 can (not exp and tanh). What that costs is measured in stage
+//                                 08's README.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#ifdef TORCH_TARGET_VERSION
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+#else
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#endif
+
+namespace workbook::cpu {
+
+// f(begin, end) over pieces of [begin, end), on torch's intra-op threads; run inline when the
+// range is below `grain` elements.
+template <typename F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+#ifdef TORCH_TARGET_VERSION
+  torch::stable::parallel_for(begin, end, grain, f);
+#else
+  at::parallel_for(begin, end, grain, f);
+#endif
+}
+
+#ifdef TORCH_TARGET_VERSION
+template <typename T>
+using opmath_t =
+    std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>, float, T>;
+
+inline constexpr bool kVectorized = false;
+template <typename T>
+struct Vec;  // none: see above
+#else
+template <typename T>
+using opmath_t = at::opmath_type<T>;
+
+inline constexpr bool kVectorized = true;
+template <typename T>
+using Vec = at::vec::Vectorized<T>;
+#endif
+
+}  // namespace workbook::cpu

@@ -1,0 +1,146 @@
+"""make abi-check: stage 08's wheel built once, then its tests under two torch versions, with no
+rebuild between them: the proof that the stable ABI makes one binary.
+
+    make abi-check                 the pinned torch (this environment's) and torch 2.13.0
+    make abi-check TORCH=2.x.y     another second version, where pip can get one
+
+1. `pip wheel` builds stages/08_stable_abi once, with this environment's torch, into dist/: an
+   abi3 wheel (checked by its name).
+2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
+   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy).
+3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 08's
+   tests run on that installed package (WORKBOOK_INSTALLED: workbook.build.loader imports it
+   instead of building the stage), once per torch.
+4. Both summaries are printed. The check fails if either run fails, or if their passed counts
+   differ by more than the tests that compare with torchvision (which is not installed beside
+   the second torch: PyPI's torchvision does not import beside a CPU build of 2.13.0).
+
+The symbol test (stage 08's test_stable_abi.py) runs in both: the library imports no C++ symbol
+of libtorch or c10, only their C shims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+from workbook.build import stages
+from workbook.build.loader import INSTALLED
+
+REPO = stages.REPO
+SECOND_TORCH = "2.13.0"
+TEST_REQUIREMENTS = ("pytest", "numpy")  # pinned as requirements.txt pins them
+
+
+def say(text: str) -> None:
+    print(f"[abi-check] {text}", flush=True)
+
+
+def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
+    say("$ " + " ".join(str(c) for c in cmd))
+    return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+
+
+def pins(names) -> list[str]:
+    """requirements.txt's pins of `names`, e.g. ["pytest==9.2.0", "numpy==2.4.6"]."""
+    found = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+        if match and match.group(1).lower() in names:
+            found[match.group(1).lower()] = line.strip()
+    return [found.get(name, name) for name in names]
+
+
+def build_wheel(stage: stages.Stage) -> Path:
+    dist = REPO / "dist"
+    dist.mkdir(exist_ok=True)
+    for old in dist.glob(f"{stage.package}-*.whl"):
+        old.unlink()
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--quiet",
+         "-w", dist, stage.source_dir])
+    wheels = sorted(dist.glob(f"{stage.package}-*.whl"))
+    if len(wheels) != 1 or "-abi3-" not in wheels[0].name:
+        raise SystemExit(f"[abi-check] expected one abi3 wheel in {dist}, found "
+                         f"{[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def python_with_torch(version: str) -> Path:
+    """A venv under build/abi-check/ with torch `version` and the tests' requirements; made once,
+    reused while it imports that torch."""
+    folder = stages.build_root() / "abi-check" / f"torch-{version}"
+    python = folder / "bin" / "python"
+    probe = [python, "-c", "import torch, pytest; print(torch.__version__)"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    say(f"creating {folder} with torch=={version} (a minute or two)")
+    shutil.rmtree(folder, ignore_errors=True)
+    venv.create(folder, with_pip=True)
+    run([python, "-m", "pip", "install", "--quiet", f"torch=={version}",
+         *pins(TEST_REQUIREMENTS)])
+    return python
+
+
+def run_tests(python: Path, wheel: Path, stage: stages.Stage) -> dict:
+    """Install `wheel` beside `python`'s torch and run the stage's tests on it."""
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    site = stages.build_root() / "abi-check" / f"site-{version}"
+    shutil.rmtree(site, ignore_errors=True)
+    run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, wheel])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO / "common")]))
+    env[INSTALLED] = stage.folder
+    say(f"stage {stage.number}'s tests on the wheel beside torch {version}")
+    start = time.perf_counter()
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           stage.source_dir], cwd=REPO, env=env, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    print(output[-4000:], flush=True)
+    last = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+    summary = last[-1].strip("= ") if last else f"no summary (exit {proc.returncode})"
+    passed = re.search(r"(\d+) passed", summary)
+    torchvision_skips = sum(int(n) for n in re.findall(r"SKIPPED \[(\d+)\].*torchvision", output))
+    return {"torch": version, "rc": proc.returncode, "summary": summary,
+            "passed": int(passed.group(1)) if passed else 0, "torchvision": torchvision_skips,
+            "seconds": time.perf_counter() - start, "site": site}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--torch", default=os.environ.get("TORCH") or SECOND_TORCH,
+                        help=f"the second torch version (default {SECOND_TORCH})")
+    args = parser.parse_args(argv)
+    stage = next(s for s in stages.all_stages() if s.folder.endswith("_stable_abi"))
+    import torch
+
+    say(f"building {stage.label}'s wheel once, with torch {torch.__version__}")
+    wheel = build_wheel(stage)
+    say(f"the one wheel: {wheel.relative_to(REPO)}")
+    results = [run_tests(Path(sys.executable), wheel, stage),
+               run_tests(python_with_torch(args.torch), wheel, stage)]
+    say(f"one wheel, {wheel.name}, no rebuild between the runs:")
+    for r in results:
+        say(f"  torch {r['torch']:<14} {r['summary']}  ({r['seconds']:.0f} s)")
+    first, second = results
+    allowed = abs(first["torchvision"] - second["torchvision"])
+    failed = [r for r in results if r["rc"] != 0]
+    if failed:
+        say(f"FAILED: the tests failed under torch {', '.join(r['torch'] for r in failed)}")
+        return 1
+    if abs(first["passed"] - second["passed"]) > allowed:
+        say(f"FAILED: {first['passed']} passed under torch {first['torch']}, {second['passed']} "
+            f"under {second['torch']}: more than the {allowed} torchvision comparisons apart")
+        return 1
+    say("ok: the same binary passes the same tests under both")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

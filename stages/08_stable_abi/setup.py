@@ -1,0 +1,80 @@
+"""Build or install stage 08, the `extops` library on PyTorch's stable ABI.
+
+    make stage 8                                     build under build/ and test
+    make wheel                                       the wheel, in dist/ (tagged cp39-abi3)
+    make abi-check                                   that one wheel's tests under two torch versions
+    pip install --no-build-isolation ./stages/08_stable_abi     then: import extops
+
+Two promises make the one binary, and this file asks for both:
+
+* TORCH_TARGET_VERSION: the oldest torch the library must load under. The stable headers
+  (torch/csrc/stable, torch/headeronly) then offer only what that release's C shims provide, and
+  the build refuses any header of c10 or ATen, whose C++ symbols change from release to release.
+  2.10 is the oldest release with what the LLTM's glue calls: torch_call_dispatcher (the ops
+  empty, narrow, copy_, matmul, sum, clone go through it), torch_parallel_for and the typed data
+  pointers of torch::stable::Tensor. The README lists each shim.
+* Py_LIMITED_API with py_limited_api: the module uses only CPython's limited API (the module
+  object and a dict: stage 06's csrc/extops.cpp), so one build imports under every CPython from
+  3.9 on, and the wheel is tagged abi3.
+
+No -fopenmp and no SIMD flags: the parallel loop is libtorch's own (torch::stable::parallel_for),
+and a wheel meant for any machine must not use instructions the build machine has and a user's
+may not (the ATen stages compile for the build machine's CPU: workbook.build.compiler).
+
+Sources: every .cpp under csrc/ (the schemas and the glue), stage 06's csrc/extops.cpp (the
+module, which hands the checks' messages to Python), and stage 05's lltm_cpu.h (the kernels,
+included). Python: extops/ here (its __init__ and python_keys.py) and stage 06's modules, copied
+into the build by build_py: the fake kernels, functional forms and modules are stage 06's.
+"""
+
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+from workbook.build import compiler
+
+HERE = Path(__file__).resolve().parent
+STAGE_05, STAGE_06 = HERE.parent / "05_cuda_accessors", HERE.parent / "06_op_library"
+
+TORCH_TARGET = "0x020a000000000000"  # torch 2.10: TORCH_VERSION_2_10_0 in torch/csrc/stable
+PYTHON_TARGET = ("0x03090000", "cp39")  # CPython 3.9: Py_LIMITED_API, and the wheel's tag
+SHARED_MODULES = ["errors.py", "lltm.py"]  # from stage 06's extops/
+
+
+class BuildPyWithStage06(build_py):
+    """build_py, then stage 06's Python modules copied into the built package."""
+
+    def run(self):
+        super().run()
+        package = Path(self.build_lib) / "extops"
+        for name in SHARED_MODULES:
+            shutil.copy2(STAGE_06 / "extops" / name, package / name)
+
+
+sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp"))
+sources.append(str(STAGE_06 / "csrc" / "extops.cpp"))
+extension = CppExtension(
+    "extops._C",
+    sources,
+    include_dirs=compiler.include_dirs() + [str(STAGE_05 / "csrc")],
+    define_macros=[("TORCH_TARGET_VERSION", TORCH_TARGET), ("Py_LIMITED_API", PYTHON_TARGET[0])],
+    extra_compile_args=compiler.cxx_flags(),
+    py_limited_api=True,
+)
+
+options = compiler.setup_options(__file__)
+options["bdist_wheel"] = {"py_limited_api": PYTHON_TARGET[1]}
+setup(
+    name="extops",
+    version="0.2.0",
+    description="Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM",
+    packages=["extops"],
+    python_requires=">=3.9",
+    install_requires=["torch>=2.10"],
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildExtension, "build_py": BuildPyWithStage06},
+    options=options,
+)
