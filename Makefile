@@ -202,7 +202,7 @@ install: $(ENV_READY)
 	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.build.stages --production)"
 
 # The stable-ABI library (stage 08) as a wheel, in dist/: one build for every torch from 2.10 and
-# every CPython from 3.9 (tagged cp39-abi3).
+# every CPython from 3.10 (tagged cp310-abi3).
 wheel: $(ENV_READY)
 	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/08_stable_abi
 	@ls -1 $(REPO)/dist/*.whl

@@ -1,7 +1,7 @@
 """Build or install stage 08, the `extops` library on PyTorch's stable ABI.
 
     make stage 8                                     build under build/ and test
-    make wheel                                       the wheel, in dist/ (tagged cp39-abi3)
+    make wheel                                       the wheel, in dist/ (tagged cp310-abi3)
     make abi-check                                   that one wheel's tests under two torch versions
     pip install --no-build-isolation ./stages/08_stable_abi     then: import extops
 
@@ -13,13 +13,16 @@ Two promises make the one binary, and this file asks for both:
   2.10 is the oldest release with what the LLTM's glue calls: torch_call_dispatcher (the ops
   empty, narrow, copy_, matmul, sum, clone go through it), torch_parallel_for and the typed data
   pointers of torch::stable::Tensor. The README lists each shim.
-* Py_LIMITED_API with py_limited_api: the module uses only CPython's limited API (the module
-  object and a dict: stage 06's csrc/extops.cpp), so one build imports under every CPython from
-  3.9 on, and the wheel is tagged abi3.
+* py_limited_api: torch's BuildExtension then defines Py_LIMITED_API as the oldest CPython that
+  torch supports (3.10, 0x030A0000), so the module (the module object and a dict: stage 06's
+  csrc/extops.cpp) may use only CPython's limited API of 3.10, and one build imports under every
+  CPython from 3.10 on; the wheel is tagged cp310-abi3 to say so.
 
 No -fopenmp and no SIMD flags: the parallel loop is libtorch's own (torch::stable::parallel_for),
 and a wheel meant for any machine must not use instructions the build machine has and a user's
-may not (the ATen stages compile for the build machine's CPU: workbook.build.compiler).
+may not (the ATen stages compile for the build machine's CPU: workbook.build.compiler). The
+kernels' loops are vectorised all the same, for the SSE2 every x86-64 has (-fopenmp-simd and
+glibc's vector math, libmvec: workbook/cpu.h).
 
 Sources: every .cpp under csrc/ (the schemas and the glue), stage 06's csrc/extops.cpp (the
 module, which hands the checks' messages to Python), and stage 05's lltm_cpu.h (the kernels,
@@ -40,7 +43,8 @@ HERE = Path(__file__).resolve().parent
 STAGE_05, STAGE_06 = HERE.parent / "05_cuda_accessors", HERE.parent / "06_op_library"
 
 TORCH_TARGET = "0x020a000000000000"  # torch 2.10: TORCH_VERSION_2_10_0 in torch/csrc/stable
-PYTHON_TARGET = ("0x03090000", "cp39")  # CPython 3.9: Py_LIMITED_API, and the wheel's tag
+# The wheel's tag: the CPython of the Py_LIMITED_API torch's BuildExtension defines (3.10).
+PYTHON_TAG = "cp310"
 SHARED_MODULES = ["errors.py", "lltm.py"]  # from stage 06's extops/
 
 
@@ -60,19 +64,26 @@ extension = CppExtension(
     "extops._C",
     sources,
     include_dirs=compiler.include_dirs() + [str(STAGE_05 / "csrc")],
-    define_macros=[("TORCH_TARGET_VERSION", TORCH_TARGET), ("Py_LIMITED_API", PYTHON_TARGET[0])],
-    extra_compile_args=compiler.cxx_flags(),
+    define_macros=[("TORCH_TARGET_VERSION", TORCH_TARGET)],
+    # -fopenmp-simd: the kernels' `#pragma omp simd` loops (workbook/cpu.h), vectorised with
+    # glibc's vector exp and tanh (libmvec), no OpenMP runtime. gcc vectorises a loop that calls
+    # them only when the calls may neither set errno nor trap (-fno-math-errno,
+    # -fno-trapping-math); nothing here reads errno or traps, and NaN and inf are kept as they
+    # are (unlike -ffast-math).
+    extra_compile_args=compiler.cxx_flags() + ["-fopenmp-simd", "-fno-math-errno",
+                                               "-fno-trapping-math"],
+    extra_link_args=["-lmvec"],
     py_limited_api=True,
 )
 
 options = compiler.setup_options(__file__)
-options["bdist_wheel"] = {"py_limited_api": PYTHON_TARGET[1]}
+options["bdist_wheel"] = {"py_limited_api": PYTHON_TAG}
 setup(
     name="extops",
     version="0.2.0",
     description="Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM",
     packages=["extops"],
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["torch>=2.10"],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension, "build_py": BuildPyWithStage06},

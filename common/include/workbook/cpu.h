@@ -16,9 +16,14 @@
 //   workbook::cpu::kVectorized    whether workbook::cpu::Vec<T> is at::vec::Vectorized<T>.
 //                                 at::vec is c10 headers (and SLEEF for exp and tanh, symbols of
 //                                 libtorch_cpu), so on the stable ABI there is no Vec: kernels
-//                                 run their scalar loop, which the compiler vectorises where it
-//                                 can (not exp and tanh). What that costs is measured in stage
-//                                 08's README.
+//                                 run their scalar loop instead, marked WORKBOOK_SIMD_LOOP.
+//   WORKBOOK_SIMD_LOOP            on the stable ABI, `#pragma omp simd` (with -fopenmp-simd):
+//                                 the compiler vectorises the scalar loop, exp and tanh included,
+//                                 calling glibc's vector math library (libmvec: expf 4 lanes at
+//                                 a time with SSE, as _ZGVbN4v_expf) for the functions declared
+//                                 below as having vector versions. What is left against at::vec
+//                                 (16 lanes with AVX-512) is measured in stage 08's README. On
+//                                 ATen's side the scalar loop is a tail, and the macro is empty.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +33,24 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
+
+#include <cmath>
+
+// glibc's math functions that have vector versions in libmvec (exp since glibc 2.22, tanh since
+// 2.35), declared so: <math.h> declares them so only under -ffast-math, which would also let the
+// compiler drop NaN and inf handling. The library links libmvec (stage 08's setup.py).
+extern "C" {
+__attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) double exp(double) noexcept;
+__attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
+__attribute__((simd("notinbranch"))) double tanh(double) noexcept;
+}
+#define WORKBOOK_SIMD_LOOP _Pragma("omp simd")
 #else
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#define WORKBOOK_SIMD_LOOP
 #endif
 
 namespace workbook::cpu {

@@ -50,7 +50,7 @@ void parallel_over_rows(int64_t batch, int64_t state, const Fn& fn) {
 // time with AVX-512 (8 and 4 with AVX2), exp and tanh from SLEEF as in ATen's own kernels.
 // build.cpu_simd_flags() selects the instruction set ATen runs on the build machine; where it
 // finds none, Vectorized is a plain loop and this still works. (Built for the stable ABI there
-// is no at::vec, and the scalar loop runs: workbook/cpu.h.)
+// is no at::vec, and the compiler vectorises the loop below instead: workbook/cpu.h.)
 template <typename T>
 using Vec = workbook::cpu::Vec<T>;
 
@@ -116,13 +116,14 @@ void lltm_forward_kernel(const scalar_t* gates, const scalar_t* old_cell, scalar
         (cell.tanh() * output_gate).store(h_out + s);
       }
     }
-    for (; s < s_end; ++s) {
-      const opmath_t input_gate = workbook::sigmoid(static_cast<opmath_t>(input_gates[s]));
-      const opmath_t output_gate = workbook::sigmoid(static_cast<opmath_t>(output_gates[s]));
-      const opmath_t candidate = workbook::elu(static_cast<opmath_t>(candidates[s]));
-      const opmath_t cell = static_cast<opmath_t>(cell_in[s]) + candidate * input_gate;
-      cell_out[s] = static_cast<scalar_t>(cell);
-      h_out[s] = static_cast<scalar_t>(std::tanh(cell) * output_gate);
+    // On the stable ABI the only loop, vectorised by the compiler there (workbook/cpu.h).
+    WORKBOOK_SIMD_LOOP for (int64_t i = s; i < s_end; ++i) {
+      const opmath_t input_gate = workbook::sigmoid(static_cast<opmath_t>(input_gates[i]));
+      const opmath_t output_gate = workbook::sigmoid(static_cast<opmath_t>(output_gates[i]));
+      const opmath_t candidate = workbook::elu(static_cast<opmath_t>(candidates[i]));
+      const opmath_t cell = static_cast<opmath_t>(cell_in[i]) + candidate * input_gate;
+      cell_out[i] = static_cast<scalar_t>(cell);
+      h_out[i] = static_cast<scalar_t>(std::tanh(cell) * output_gate);
     }
   });
   // END EXERCISE cpu-fused-kernel
@@ -157,21 +158,22 @@ void lltm_backward_kernel(const scalar_t* grad_h, const scalar_t* grad_cell,
         (d_cell * sigmoid(g_input) * d_elu(g_candidate)).store(d_g + 2 * state + s);
       }
     }
-    for (; s < s_end; ++s) {
-      const opmath_t g_input = static_cast<opmath_t>(g[s]);
-      const opmath_t g_output = static_cast<opmath_t>(g[state + s]);
-      const opmath_t g_candidate = static_cast<opmath_t>(g[2 * state + s]);
-      const opmath_t cell = static_cast<opmath_t>(cell_in[s]);
-      const opmath_t dh = static_cast<opmath_t>(dh_in[s]);
+    // On the stable ABI the only loop, vectorised by the compiler there (workbook/cpu.h).
+    WORKBOOK_SIMD_LOOP for (int64_t i = s; i < s_end; ++i) {
+      const opmath_t g_input = static_cast<opmath_t>(g[i]);
+      const opmath_t g_output = static_cast<opmath_t>(g[state + i]);
+      const opmath_t g_candidate = static_cast<opmath_t>(g[2 * state + i]);
+      const opmath_t cell = static_cast<opmath_t>(cell_in[i]);
+      const opmath_t dh = static_cast<opmath_t>(dh_in[i]);
 
       // c' reaches the loss directly (grad_cell) and through h' = tanh(c') o.
-      const opmath_t d_cell = static_cast<opmath_t>(dc_in[s]) +
+      const opmath_t d_cell = static_cast<opmath_t>(dc_in[i]) +
                               dh * workbook::sigmoid(g_output) * workbook::d_tanh(cell);
-      dc_out[s] = static_cast<scalar_t>(d_cell);
-      d_g[s] =
+      dc_out[i] = static_cast<scalar_t>(d_cell);
+      d_g[i] =
           static_cast<scalar_t>(d_cell * workbook::elu(g_candidate) * workbook::d_sigmoid(g_input));
-      d_g[state + s] = static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
-      d_g[2 * state + s] =
+      d_g[state + i] = static_cast<scalar_t>(dh * std::tanh(cell) * workbook::d_sigmoid(g_output));
+      d_g[2 * state + i] =
           static_cast<scalar_t>(d_cell * workbook::sigmoid(g_input) * workbook::d_elu(g_candidate));
     }
   });

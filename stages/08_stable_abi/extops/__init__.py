@@ -1,4 +1,4 @@
-"""extops on PyTorch's stable ABI: one binary for torch 2.10 and later, CPython 3.9 and later.
+"""extops on PyTorch's stable ABI: one binary for torch 2.10 and later, CPython 3.10 and later.
 
     import extops
 
@@ -10,7 +10,7 @@ The same library as stage 06's, the same Python modules (extops/lltm.py, extops/
 build copies them from stage 06), with its C++ glue written against torch/csrc/stable instead of
 ATen: the library links no C++ symbol of libtorch, only its C shims, which keep their signatures
 across releases. So one build loads under every torch from the one it targets (2.10) on, and one
-abi3 wheel serves every CPython from 3.9 on. What the stable ABI does not offer, autograd and
+abi3 wheel serves every CPython from 3.10 on. What the stable ABI does not offer, autograd and
 autocast layers in C++, is registered from Python (extops/python_keys.py).
 
 This stage holds the LLTM so far (CPU kernels); the deformable convolution and the CUDA kernels

@@ -2,8 +2,9 @@
 //
 // Run card
 //   build + test:  make stage 8
-//   the kernels:   stage 05's lltm_cpu.h, compiled here as they are; on this ABI without at::vec,
-//                  so their scalar loop runs (workbook/cpu.h says why; the README measures it)
+//   the kernels:   stage 05's lltm_cpu.h, compiled here as they are; on this ABI without at::vec:
+//                  their loop is vectorised by the compiler, with glibc's vector exp and tanh
+//                  (workbook/cpu.h says why and how; the README measures it)
 //
 // What changes against stage 05's lltm_cpu.cpp (`make diff 8` shows it line by line):
 //
