@@ -10,9 +10,9 @@ file itself (`#` instead of `//` in Python):
 so the solution is the stage and nothing is written twice. `carve` copies stage N to
 exercises/NN_name/ (git-ignored) with every marked region replaced by a TODO that says what to
 compute and which tests check it, plus one line that keeps the copy compiling and makes it fail
-at run time with a message naming the exercise: TORCH_CHECK(false, ...) in C++, raise
-NotImplementedError(...) in Python; a CUDA kernel's body is left empty (its outputs are then
-whatever memory held, which the tests catch on a GPU). `check` builds that copy under its own
+at run time with a message naming the exercise: TORCH_CHECK(false, ...) in C++ (STD_TORCH_CHECK
+on the stable ABI), raise NotImplementedError(...) in Python; a CUDA kernel's body is left empty
+(its outputs are then whatever memory held, which the tests catch on a GPU). `check` builds that copy under its own
 build folder and runs stage N's tests against it, then says which exercises and which
 properties (forward, gradients, gradcheck, bad inputs, opcheck, ...) fail.
 
@@ -415,7 +415,11 @@ def stub(e: Exercise, text: str | None = None) -> list[str]:
     else:
         where, returns = context(e, text)
         literals = _literal_lines(message, 96 - len(inner), _c_string)
-        check = [f"{pad}TORCH_CHECK(false,", *(inner + s for s in literals[:-1]),
+        # A file on the stable ABI (stage 08) has no TORCH_CHECK, which is c10's: its own is
+        # STD_TORCH_CHECK (torch/headeronly), which throws std::runtime_error.
+        stable = "torch/csrc/stable/" in (text if text is not None else e.path.read_text())
+        check = [f"{pad}{'STD_TORCH_CHECK' if stable else 'TORCH_CHECK'}(false,",
+                 *(inner + s for s in literals[:-1]),
                  f"{inner}{literals[-1]});"]
         if where == "host":
             code = check
