@@ -12,9 +12,9 @@ exercises/NN_name/ (git-ignored) with every marked region replaced by a TODO tha
 compute and which tests check it, plus one line that keeps the copy compiling and makes it fail
 at run time with a message naming the exercise: TORCH_CHECK(false, ...) in C++ (STD_TORCH_CHECK
 on the stable ABI), raise NotImplementedError(...) in Python; a CUDA kernel's body is left empty
-(its outputs are then whatever memory held, which the tests catch on a GPU). `check` builds that copy under its own
-build folder and runs stage N's tests against it, then says which exercises and which
-properties (forward, gradients, gradcheck, bad inputs, opcheck, ...) fail.
+(its outputs are then whatever memory held, which the tests catch on a GPU). `check` builds
+that copy under its own build folder and runs stage N's tests against it, then says which
+exercises and which properties (forward, gradients, gradcheck, bad inputs, opcheck, ...) fail.
 
     python -m workbook.teaching.exercises list [N]        the exercises (of stage N): where,
                                                           what, tests
