@@ -163,7 +163,7 @@ def test_the_todo_fails_the_way_the_code_runs():
     assert kinds["accessor-kernel"] == ("device", False)
     assert kinds["deform-cuda-sampling"] == ("device", False)
     assert kinds["cpu-fused-kernel"] == ("host", False)
-    assert kinds["bilinear-sample"] == ("host", False)  # a lambda inside at::parallel_for
+    assert kinds["bilinear-sample"] == ("host", False)  # a lambda inside cpu::parallel_for
     assert kinds["library-registration"] == "python"
     for name in ("cuda-forward-kernel", "deform-cuda-sampling"):
         e = next(e for s in STAGES for e in exercises.find(s) if e.name == name)

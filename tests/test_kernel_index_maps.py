@@ -582,7 +582,7 @@ SHARED_MATH = {
 CPU_KERNELS = {
     "workbook/lltm_math.h": [STAGES_DIR / "05_cuda_accessors" / "csrc" / "lltm_cpu.h"],
     "workbook/bilinear.h": [STAGES_DIR / "06_op_library" / "csrc" / "deform_conv2d" / "cpu" /
-                            "deform_conv2d_cpu.cpp"],
+                            "deform_conv2d_cpu.h"],
 }
 
 

@@ -40,8 +40,13 @@ from workbook.teaching.notebook import pythonpath_with_common
 STAGE = stages.here(__file__)
 DEFORM = ops.get("deform_conv2d")
 LLTM_SPEC = ops.get("lltm")
-torchvision_ops = pytest.importorskip(
-    "torchvision.ops", reason="torchvision is the comparison baseline: pip install torchvision")
+
+
+def torchvision_ops():
+    """torchvision.ops, or a skip of the one test that loads its module's state dict."""
+    return pytest.importorskip("torchvision.ops",
+                               reason="torchvision is the comparison baseline of this test: "
+                                      "pip install torchvision")
 
 
 def package():
@@ -242,7 +247,7 @@ def test_direct_op_calls_keep_the_cpp_types():
 def test_torchvision_deform_conv2d_state_dict_loads_as_it_is():
     extops = package()
     torch.manual_seed(0)
-    theirs = torchvision_ops.DeformConv2d(6, 2, (3, 2), stride=(2, 1), padding=(1, 0),
+    theirs = torchvision_ops().DeformConv2d(6, 2, (3, 2), stride=(2, 1), padding=(1, 0),
                                           dilation=(2, 1), groups=2).double()
     ours = extops.DeformConv2d(6, 2, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1),
                                groups=2).double()

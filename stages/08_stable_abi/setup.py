@@ -10,9 +10,10 @@ Two promises make the one binary, and this file asks for both:
 * TORCH_TARGET_VERSION: the oldest torch the library must load under. The stable headers
   (torch/csrc/stable, torch/headeronly) then offer only what that release's C shims provide, and
   the build refuses any header of c10 or ATen, whose C++ symbols change from release to release.
-  2.10 is the oldest release with what the LLTM's glue calls: torch_call_dispatcher (the ops
-  empty, narrow, copy_, matmul, sum, clone go through it), torch_parallel_for and the typed data
-  pointers of torch::stable::Tensor. The README lists each shim.
+  2.10 is the oldest release with what the glue calls: torch_call_dispatcher (the ops empty,
+  narrow, copy_, permute, view, to, contiguous, matmul, sum, clone go through it),
+  torch_parallel_for, aoti_torch_create_tensor_from_blob_v2 (torch::stable::from_blob) and the
+  typed data pointers of torch::stable::Tensor. The README lists each shim.
 * py_limited_api: torch's BuildExtension then defines Py_LIMITED_API as the oldest CPython that
   torch supports (3.10, 0x030A0000), so the module (the module object and a dict: stage 06's
   csrc/extops.cpp) may use only CPython's limited API of 3.10, and one build imports under every
@@ -25,9 +26,10 @@ kernels' loops are vectorised all the same, for the SSE2 every x86-64 has (-fope
 glibc's vector math, libmvec: workbook/cpu.h).
 
 Sources: every .cpp under csrc/ (the schemas and the glue), stage 06's csrc/extops.cpp (the
-module, which hands the checks' messages to Python), and stage 05's lltm_cpu.h (the kernels,
-included). Python: extops/ here (its __init__ and python_keys.py) and stage 06's modules, copied
-into the build by build_py: the fake kernels, functional forms and modules are stage 06's.
+module, which hands the checks' messages to Python), and the kernels, included: stage 05's
+lltm_cpu.h and stage 06's deform_conv2d_cpu.h. Python: extops/ here (its __init__ and
+python_keys.py) and stage 06's modules, copied into the build by build_py: the fake kernels,
+functional forms, modules and the ONNX export are stage 06's.
 """
 
 import shutil
@@ -45,7 +47,7 @@ STAGE_05, STAGE_06 = HERE.parent / "05_cuda_accessors", HERE.parent / "06_op_lib
 TORCH_TARGET = "0x020a000000000000"  # torch 2.10: TORCH_VERSION_2_10_0 in torch/csrc/stable
 # The wheel's tag: the CPython of the Py_LIMITED_API torch's BuildExtension defines (3.10).
 PYTHON_TAG = "cp310"
-SHARED_MODULES = ["errors.py", "lltm.py"]  # from stage 06's extops/
+SHARED_MODULES = ["errors.py", "lltm.py", "deform_conv2d.py", "onnx.py"]  # stage 06's extops/
 
 
 class BuildPyWithStage06(build_py):
@@ -63,7 +65,8 @@ sources.append(str(STAGE_06 / "csrc" / "extops.cpp"))
 extension = CppExtension(
     "extops._C",
     sources,
-    include_dirs=compiler.include_dirs() + [str(STAGE_05 / "csrc")],
+    include_dirs=compiler.include_dirs() + [str(STAGE_05 / "csrc"),
+                                           str(STAGE_06 / "csrc" / "deform_conv2d" / "cpu")],
     define_macros=[("TORCH_TARGET_VERSION", TORCH_TARGET)],
     # -fopenmp-simd: the kernels' `#pragma omp simd` loops (workbook/cpu.h), vectorised with
     # glibc's vector exp and tanh (libmvec), no OpenMP runtime. gcc vectorises a loop that calls
@@ -81,7 +84,8 @@ options["bdist_wheel"] = {"py_limited_api": PYTHON_TAG}
 setup(
     name="extops",
     version="0.2.0",
-    description="Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM",
+    description=("Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM "
+                 "and the deformable convolution (CPU kernels)"),
     packages=["extops"],
     python_requires=">=3.10",
     install_requires=["torch>=2.10"],

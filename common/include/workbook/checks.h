@@ -38,6 +38,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #ifdef TORCH_TARGET_VERSION
@@ -45,12 +46,14 @@
 #include <torch/headeronly/core/DeviceType.h>
 #include <torch/headeronly/core/Layout.h>
 #include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/HeaderOnlyArrayRef.h>
 
 #include <stdexcept>
 
 namespace workbook {
 using Tensor = torch::stable::Tensor;
 using Device = torch::stable::Device;
+using IntList = torch::headeronly::IntHeaderOnlyArrayRef;  // what an int[] argument arrives as
 }  // namespace workbook
 #define WORKBOOK_CHECK_TYPE(cond, message) \
   WORKBOOK_THROW_UNLESS_(cond, std::string("[TypeError] ") + (message))
@@ -69,6 +72,7 @@ using Device = torch::stable::Device;
 namespace workbook {
 using Tensor = at::Tensor;
 using Device = c10::Device;
+using IntList = c10::IntArrayRef;
 }  // namespace workbook
 // A failed check raises TypeError (_TYPE), ValueError (_VALUE) or RuntimeError (plain).
 #define WORKBOOK_CHECK_TYPE(cond, message) TORCH_CHECK_TYPE(cond, message)
@@ -184,6 +188,32 @@ std::string list_string(const Ints& values) {
     text += (i ? ", " : "") + std::to_string(values[i]);
   }
   return text + "]";
+}
+
+// A message from its parts, as TORCH_CHECK joins its arguments: text, integers, and lists of
+// integers (sizes, an IntList) as list_string writes them.
+template <typename... Parts>
+std::string text(const Parts&... parts) {
+  const auto piece = [](const auto& part) -> std::string {
+    using Part = std::decay_t<decltype(part)>;
+    if constexpr (std::is_convertible_v<const Part&, std::string_view>) {
+      return std::string(std::string_view(part));
+    } else if constexpr (std::is_integral_v<Part>) {
+      return std::to_string(part);
+    } else {
+      return list_string(part);
+    }
+  };
+  return (std::string() + ... + piece(parts));
+}
+
+// a * b and a + b into *out, or true where the exact result does not fit in int64 (c10's
+// safe_numerics, which the stable ABI cannot include; the builtins of gcc, clang and nvcc).
+inline bool mul_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+inline bool add_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_add_overflow(a, b, out);
 }
 
 // A device type as torch.device spells it ("cuda"), and a device as it prints ("cuda:0").

@@ -24,6 +24,10 @@
 //                                 below as having vector versions. What is left against at::vec
 //                                 (16 lanes with AVX-512) is measured in stage 08's README. On
 //                                 ATen's side the scalar loop is a tail, and the macro is empty.
+//   WORKBOOK_SIMD_SUM(a, b)       the same for a loop that sums into a and b: `#pragma omp simd
+//                                 reduction(+ : a, b)`, which lets the compiler keep one partial
+//                                 sum per lane and add the lanes at the end, an order fixed at
+//                                 compile time (the deformable convolution's offset gradient).
 #pragma once
 
 #include <cstdint>
@@ -46,11 +50,15 @@ __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 }
 #define WORKBOOK_SIMD_LOOP _Pragma("omp simd")
+#define WORKBOOK_SIMD_SUM(...) WORKBOOK_PRAGMA_(omp simd reduction(+ : __VA_ARGS__))
+#define WORKBOOK_PRAGMA_(...) _Pragma(#__VA_ARGS__)
 #else
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #define WORKBOOK_SIMD_LOOP
+#define WORKBOOK_SIMD_SUM(...)
 #endif
 
 namespace workbook::cpu {

@@ -20,12 +20,12 @@
 // input fails alike on CPU tensors, meta tensors and under torch.compile. Change one, change the
 // other: the tests compare the two on every bad input.
 //
+// Two ABIs, one header, as workbook/checks.h: the ATen stages (06, 07) pass at::Tensor and
+// IntList, stage 08 torch::stable::Tensor and the stable ABI's HeaderOnlyArrayRef
+// (workbook::Tensor, workbook::IntList), and the messages are the same text on both.
+//
 // Sections: geometry, checks, chunks.
 #pragma once
-
-#include <ATen/ATen.h>
-#include <c10/util/Exception.h>
-#include <c10/util/safe_numerics.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -62,32 +62,32 @@ struct Geometry {
 
 namespace detail {
 
-inline void check_int_pair(at::IntArrayRef values, const Arg& arg, int64_t minimum,
-                           const char* must_be) {
-  TORCH_CHECK_VALUE(values.size() == 2, describe(arg), " must have 2 values (height, width), got ",
-                    values.size(), ": ", values);
-  TORCH_CHECK_VALUE(values[0] >= minimum && values[1] >= minimum, describe(arg), " must be ",
-                    must_be, ", got ", values);
+inline void check_int_pair(IntList values, const Arg& arg, int64_t minimum, const char* must_be) {
+  WORKBOOK_CHECK_VALUE(values.size() == 2,
+                       text(describe(arg), " must have 2 values (height, width), got ",
+                            values.size(), ": ", values));
+  WORKBOOK_CHECK_VALUE(values[0] >= minimum && values[1] >= minimum,
+                       text(describe(arg), " must be ", must_be, ", got ", values));
 }
 
 // Output size along one dimension ("height" or "width"), each step checked before it is taken.
 inline int64_t output_size(const char* op, const char* dim, const char* k_name, int64_t size,
-                           int64_t kernel, at::IntArrayRef padding, at::IntArrayRef dilation,
-                           int64_t index, int64_t stride) {
+                           int64_t kernel, IntList padding, IntList dilation, int64_t index,
+                           int64_t stride) {
   const int64_t pad = padding[index], dil = dilation[index];
   int64_t twice_pad = 0, padded = 0, span = 0, extent = 0;
-  TORCH_CHECK_VALUE(!c10::mul_overflows<int64_t>(2, pad, &twice_pad) &&
-                        !c10::add_overflows<int64_t>(size, twice_pad, &padded),
-                    op, ": `padding` ", padding, " is too large: ", dim,
-                    " + 2 * padding overflows a 64-bit integer (", dim, " ", size, ")");
-  TORCH_CHECK_VALUE(!c10::mul_overflows<int64_t>(dil, kernel - 1, &span) &&
-                        !c10::add_overflows<int64_t>(span, 1, &extent),
-                    op, ": `dilation` ", dilation, " is too large: dilation * (", k_name,
-                    " - 1) + 1 overflows a 64-bit integer (", k_name, " ", kernel, ")");
-  TORCH_CHECK_VALUE(padded >= extent, op, ": the kernel spans ", extent, " along the ", dim,
-                    " (`dilation` ", dil, " * (", k_name, " - 1) + 1) but the padded `input` has ",
-                    padded, " (", dim, " ", size, " + 2 * `padding` ", pad,
-                    "): no output position");
+  WORKBOOK_CHECK_VALUE(
+      !mul_overflows(2, pad, &twice_pad) && !add_overflows(size, twice_pad, &padded),
+      text(op, ": `padding` ", padding, " is too large: ", dim,
+           " + 2 * padding overflows a 64-bit integer (", dim, " ", size, ")"));
+  WORKBOOK_CHECK_VALUE(!mul_overflows(dil, kernel - 1, &span) && !add_overflows(span, 1, &extent),
+                       text(op, ": `dilation` ", dilation, " is too large: dilation * (", k_name,
+                            " - 1) + 1 overflows a 64-bit integer (", k_name, " ", kernel, ")"));
+  WORKBOOK_CHECK_VALUE(
+      padded >= extent,
+      text(op, ": the kernel spans ", extent, " along the ", dim, " (`dilation` ", dil, " * (",
+           k_name, " - 1) + 1) but the padded `input` has ", padded, " (", dim, " ", size,
+           " + 2 * `padding` ", pad, "): no output position"));
   return (padded - extent) / stride + 1;  // stride >= 1 was checked; padded - extent >= 0
 }
 
@@ -98,17 +98,17 @@ inline bool product_fits(std::initializer_list<int64_t> sizes) {
   }
   int64_t total = 1;
   for (int64_t s : sizes) {
-    if (c10::mul_overflows<int64_t>(total, s, &total)) return false;
+    if (mul_overflows(total, s, &total)) return false;
   }
   return true;
 }
 
 // Everything both ops check. `grad_output` is null for the forward; `bias` is the forward's.
-inline Geometry check_common(const char* op, const at::Tensor* grad_output, const at::Tensor& input,
-                             const at::Tensor& offset, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                             at::IntArrayRef padding, at::IntArrayRef dilation,
-                             const std::optional<at::Tensor>& mask, c10::DeviceType device) {
+inline Geometry check_common(const char* op, const Tensor* grad_output, const Tensor& input,
+                             const Tensor& offset, const Tensor& weight,
+                             const std::optional<Tensor>& bias, IntList stride, IntList padding,
+                             IntList dilation, const std::optional<Tensor>& mask,
+                             c10::DeviceType device) {
   const Arg grad_arg{op, "grad_output"}, input_arg{op, "input"}, offset_arg{op, "offset"},
       weight_arg{op, "weight"}, bias_arg{op, "bias"}, mask_arg{op, "mask"};
   const bool has_bias = bias.has_value() && bias->defined();
@@ -162,43 +162,53 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output, cons
   g.dilation_h = dilation[0];
   g.dilation_w = dilation[1];
 
-  TORCH_CHECK_VALUE(g.in_channels >= 1, describe(input_arg),
-                    " must have at least 1 channel (dimension 1), got sizes ", input.sizes());
+  WORKBOOK_CHECK_VALUE(
+      g.in_channels >= 1,
+      text(describe(input_arg), " must have at least 1 channel (dimension 1), got sizes ",
+           input.sizes()));
   const int64_t per_group = weight.size(1);
-  TORCH_CHECK_VALUE(per_group >= 1, describe(weight_arg),
-                    " must have at least 1 input channel per group (dimension 1), got sizes ",
-                    weight.sizes());
-  TORCH_CHECK_VALUE(g.in_channels % per_group == 0, describe(weight_arg), " has ", per_group,
-                    " input channels per group (dimension 1), which must divide the ",
-                    g.in_channels, " channels of `input`, got sizes ", weight.sizes());
+  WORKBOOK_CHECK_VALUE(
+      per_group >= 1,
+      text(describe(weight_arg),
+           " must have at least 1 input channel per group (dimension 1), got sizes ",
+           weight.sizes()));
+  WORKBOOK_CHECK_VALUE(g.in_channels % per_group == 0,
+                       text(describe(weight_arg), " has ", per_group,
+                            " input channels per group (dimension 1), which must divide the ",
+                            g.in_channels, " channels of `input`, got sizes ", weight.sizes()));
   g.groups = g.in_channels / per_group;
-  TORCH_CHECK_VALUE(
-      g.out_channels % g.groups == 0, describe(weight_arg),
-      " must have a multiple of groups = ", g.groups,
-      " output channels (dimension 0; groups = input channels / weight.size(1)), got sizes ",
-      weight.sizes());
-  TORCH_CHECK_VALUE(g.kernel_h >= 1 && g.kernel_w >= 1, describe(weight_arg),
-                    " must have a kernel of at least 1 x 1 (dimensions 2 and 3), got sizes ",
-                    weight.sizes());
+  WORKBOOK_CHECK_VALUE(
+      g.out_channels % g.groups == 0,
+      text(describe(weight_arg), " must have a multiple of groups = ", g.groups,
+           " output channels (dimension 0; groups = input channels / weight.size(1)), got sizes ",
+           weight.sizes()));
+  WORKBOOK_CHECK_VALUE(
+      g.kernel_h >= 1 && g.kernel_w >= 1,
+      text(describe(weight_arg),
+           " must have a kernel of at least 1 x 1 (dimensions 2 and 3), got sizes ",
+           weight.sizes()));
   // A weight with no output channel holds no element, so its kernel can be any size.
-  TORCH_CHECK_VALUE(product_fits({g.kernel_h, g.kernel_w}), describe(weight_arg),
-                    " must have at most 2^63 - 1 kernel taps (kernel_h * kernel_w), got sizes ",
-                    weight.sizes());
+  WORKBOOK_CHECK_VALUE(
+      product_fits({g.kernel_h, g.kernel_w}),
+      text(describe(weight_arg),
+           " must have at most 2^63 - 1 kernel taps (kernel_h * kernel_w), got sizes ",
+           weight.sizes()));
 
   check_size(offset, offset_arg, 0, g.batch, "batch size of `input`");
   // offset.size(1) = 2 * G * kh * kw, tested without forming 2 * kh * kw, which could overflow.
   const int64_t offset_channels = offset.size(1), taps = g.taps();
-  TORCH_CHECK_VALUE(
+  WORKBOOK_CHECK_VALUE(
       offset_channels > 0 && offset_channels % 2 == 0 && (offset_channels / 2) % taps == 0,
-      describe(offset_arg), " must have a positive multiple of 2 * kernel_h * kernel_w = 2 * ",
-      g.kernel_h, " * ", g.kernel_w,
-      " channels (dimension 1: a (dy, dx) pair per kernel tap and offset group), got sizes ",
-      offset.sizes());
+      text(describe(offset_arg), " must have a positive multiple of 2 * kernel_h * kernel_w = 2 * ",
+           g.kernel_h, " * ", g.kernel_w,
+           " channels (dimension 1: a (dy, dx) pair per kernel tap and offset group), got sizes ",
+           offset.sizes()));
   g.offset_groups = offset_channels / 2 / taps;
-  TORCH_CHECK_VALUE(g.in_channels % g.offset_groups == 0, describe(offset_arg), " has ",
-                    g.offset_groups,
-                    " offset groups (channels / (2 * kernel_h * kernel_w)), which must divide the ",
-                    g.in_channels, " channels of `input`, got sizes ", offset.sizes());
+  WORKBOOK_CHECK_VALUE(
+      g.in_channels % g.offset_groups == 0,
+      text(describe(offset_arg), " has ", g.offset_groups,
+           " offset groups (channels / (2 * kernel_h * kernel_w)), which must divide the ",
+           g.in_channels, " channels of `input`, got sizes ", offset.sizes()));
 
   g.out_h =
       output_size(op, "height", "kernel_h", g.height, g.kernel_h, padding, dilation, 0, g.stride_h);
@@ -224,43 +234,42 @@ inline Geometry check_common(const char* op, const at::Tensor* grad_output, cons
 
   // Offsets and masks exist, so N * Ho * Wo fits; with meta tensors, sizes alone can still make
   // the output or one image's columns too large to count.
-  TORCH_CHECK_VALUE(product_fits({g.batch, g.out_channels, g.out_h, g.out_w}), op, ": the output [",
-                    g.batch, ", ", g.out_channels, ", ", g.out_h, ", ", g.out_w,
-                    "] would have more than 2^63 - 1 elements");
-  TORCH_CHECK_VALUE(product_fits({g.in_channels, g.kernel_h, g.kernel_w, g.out_h, g.out_w}), op,
-                    ": the sampled columns of one image [", g.in_channels, " * ", g.kernel_h, " * ",
-                    g.kernel_w, ", ", g.out_h, " * ", g.out_w,
-                    "] would have more than 2^63 - 1 elements");
+  WORKBOOK_CHECK_VALUE(product_fits({g.batch, g.out_channels, g.out_h, g.out_w}),
+                       text(op, ": the output [", g.batch, ", ", g.out_channels, ", ", g.out_h,
+                            ", ", g.out_w, "] would have more than 2^63 - 1 elements"));
+  WORKBOOK_CHECK_VALUE(
+      product_fits({g.in_channels, g.kernel_h, g.kernel_w, g.out_h, g.out_w}),
+      text(op, ": the sampled columns of one image [", g.in_channels, " * ", g.kernel_h, " * ",
+           g.kernel_w, ", ", g.out_h, " * ", g.out_w, "] would have more than 2^63 - 1 elements"));
 
   if (grad_output != nullptr) {
     const std::vector<int64_t> expected{g.batch, g.out_channels, g.out_h, g.out_w};
-    TORCH_CHECK_VALUE(grad_output->sizes() == at::IntArrayRef(expected), describe(grad_arg),
-                      " must have sizes ", at::IntArrayRef(expected),
-                      " (batch, out_channels, out_h, out_w of the forward), got sizes ",
-                      grad_output->sizes());
+    bool same = grad_output->dim() == 4;
+    for (int64_t d = 0; same && d < 4; ++d) same = grad_output->size(d) == expected[d];
+    WORKBOOK_CHECK_VALUE(same,
+                         text(describe(grad_arg), " must have sizes ", expected,
+                              " (batch, out_channels, out_h, out_w of the forward), got sizes ",
+                              grad_output->sizes()));
   }
   return g;
 }
 
 }  // namespace detail
 
-inline Geometry check_forward_inputs(const at::Tensor& input, const at::Tensor& offset,
-                                     const at::Tensor& weight,
-                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                     at::IntArrayRef padding, at::IntArrayRef dilation,
-                                     const std::optional<at::Tensor>& mask,
-                                     c10::DeviceType device) {
+inline Geometry check_forward_inputs(const Tensor& input, const Tensor& offset,
+                                     const Tensor& weight, const std::optional<Tensor>& bias,
+                                     IntList stride, IntList padding, IntList dilation,
+                                     const std::optional<Tensor>& mask, c10::DeviceType device) {
   return detail::check_common("deform_conv2d", nullptr, input, offset, weight, bias, stride,
                               padding, dilation, mask, device);
 }
 
 // Autograd calls the backward with what the forward saw, so this passes by construction there;
 // it guards direct calls, which are part of the op's public schema.
-inline Geometry check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& input,
-                                      const at::Tensor& offset, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& mask, at::IntArrayRef stride,
-                                      at::IntArrayRef padding, at::IntArrayRef dilation,
-                                      c10::DeviceType device) {
+inline Geometry check_backward_inputs(const Tensor& grad_output, const Tensor& input,
+                                      const Tensor& offset, const Tensor& weight,
+                                      const std::optional<Tensor>& mask, IntList stride,
+                                      IntList padding, IntList dilation, c10::DeviceType device) {
   return detail::check_common("deform_conv2d_backward", &grad_output, input, offset, weight,
                               std::nullopt, stride, padding, dilation, mask, device);
 }
@@ -293,7 +302,7 @@ constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 // a * b, or kNoLimit where the product would overflow (a size that large exceeds any budget).
 inline int64_t saturating_mul(int64_t a, int64_t b) {
   int64_t out = 0;
-  return c10::mul_overflows<int64_t>(a, b, &out) ? kNoLimit : out;
+  return mul_overflows(a, b, &out) ? kNoLimit : out;
 }
 
 // bytes_per_position: the bytes of the buffers that grow with a chunk's positions. max_positions:

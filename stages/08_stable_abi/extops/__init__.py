@@ -4,25 +4,31 @@
 
     cell = extops.LLTM(input_features=32, state_size=128)           # the LLTM cell
     new_h, new_cell = cell(x, (h, c))
-    new_h, new_cell = extops.lltm(x, weights, bias, h, c)           # the functional form
+    out = extops.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask)   # DCNv2
+    layer = extops.DeformConv2d(64, 64, 3, padding=1)               # offsets passed in
+    block = extops.DCNv2(64, 64, 3, padding=1)                      # predicts its own offsets
 
-The same library as stage 06's, the same Python modules (extops/lltm.py, extops/errors.py: the
-build copies them from stage 06), with its C++ glue written against torch/csrc/stable instead of
-ATen: the library links no C++ symbol of libtorch, only its C shims, which keep their signatures
-across releases. So one build loads under every torch from the one it targets (2.10) on, and one
-abi3 wheel serves every CPython from 3.10 on. What the stable ABI does not offer, autograd and
-autocast layers in C++, is registered from Python (extops/python_keys.py).
+The same library as stage 06's, the same Python modules (extops/lltm.py, deform_conv2d.py,
+errors.py, onnx.py: the build copies them from stage 06), with its C++ glue written against
+torch/csrc/stable instead of ATen: the library links no C++ symbol of libtorch, only its C shims,
+which keep their signatures across releases. So one build loads under every torch from the one it
+targets (2.10) on, and one abi3 wheel serves every CPython from 3.10 on. What the stable ABI does
+not offer, autograd and autocast layers in C++, is registered from Python (extops/python_keys.py;
+the deformable convolution's autograd is Python in stage 06 already).
 
-This stage holds the LLTM so far (CPU kernels); the deformable convolution and the CUDA kernels
-are stage 07's until they move here.
+This stage holds the CPU kernels of both ops; their CUDA kernels are stage 07's (ATen) until they
+move here.
 """
 
 import torch  # noqa: F401  (loads libtorch, whose C shims the extension library calls)
 
-# Loading _C registers the ops and their kernels; python_keys then adds their autograd and
-# autocast layers, lltm their fake kernels and functional form.
-from . import _C, python_keys  # noqa: F401
+# Loading _C registers the ops and their kernels; python_keys then adds the autograd and autocast
+# layers stage 06 writes in C++, and each op's module its fake kernels and functional form.
+# extops.onnx imports onnxscript only when one of its functions is called.
+from . import _C, onnx, python_keys  # noqa: F401
+from .deform_conv2d import DCNv2, DeformConv2d, deform_conv2d
 from .errors import ExtopsTypeError, ExtopsValueError
 from .lltm import LLTM, lltm
 
-__all__ = ["LLTM", "lltm", "ExtopsTypeError", "ExtopsValueError"]
+__all__ = ["LLTM", "lltm", "DeformConv2d", "DCNv2", "deform_conv2d", "ExtopsTypeError",
+           "ExtopsValueError"]

@@ -10,11 +10,11 @@ libtorch, outside the stable ABI, so this library registers the same two layers 
   the backward op's inputs saved in the forward, `gates` not differentiable, and no double
   backward. It costs more per call than stage 06's C++ layer: bench/ measures it (`make bench
   OP=lltm`), and stage 08's README says by how much;
-* autocast as a Python kernel on the Autocast keys: every floating input on the region's device
-  cast to the region's dtype (torch.get_autocast_dtype), then the op called again below the
-  autocast layer. This is workbook/autocast.h's rule, written with torch's Python binding of the
-  same guard. (torch.library.register_autocast casts to one dtype fixed when it is registered;
-  the rule here follows the region's.)
+* autocast as a Python kernel on the Autocast keys, for both ops' forwards: every floating
+  input on the region's device cast to the region's dtype (torch.get_autocast_dtype), then the
+  op called again below the autocast layer. This is workbook/autocast.h's rule, written with
+  torch's Python binding of the same guard. (torch.library.register_autocast casts to one dtype
+  fixed when it is registered; the rule here follows the region's.)
 """
 
 from __future__ import annotations
@@ -61,18 +61,23 @@ _LIBRARY = torch.library.Library("extops", "IMPL")  # kept alive: the registrati
 def _autocast_kernel(op, device_type: str, key: torch._C.DispatchKey):
     below = torch._C.DispatchKeySet(key)
 
-    def kernel(*args):
-        dtype = torch.get_autocast_dtype(device_type)
-        cast = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                and a.device.type == device_type else a for a in args]
+    def cast(a):
+        return (a.to(torch.get_autocast_dtype(device_type))
+                if isinstance(a, torch.Tensor) and a.is_floating_point()
+                and a.device.type == device_type else a)
+
+    def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(below):
-            return op(*cast)
+            return op(*map(cast, args), **{name: cast(a) for name, a in kwargs.items()})
 
     return kernel
 
 
-# The forward only: the backward runs on saved tensors of one dtype.
-for _device_type, _key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
-    _LIBRARY.impl("lltm_forward",
-                  _autocast_kernel(torch.ops.extops.lltm_forward.default, _device_type,
-                                   getattr(torch._C.DispatchKey, _key)), _key)
+# The forwards only: the backwards run on saved tensors of one dtype. The rule is the same for
+# both ops (stage 06's csrc/<op>/autocast/ files): an LLTM cell is GEMMs, a deformable
+# convolution a convolution, and autocast runs both in the region's dtype.
+for _op in ("lltm_forward", "deform_conv2d"):
+    for _device_type, _key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
+        _LIBRARY.impl(_op,
+                      _autocast_kernel(getattr(torch.ops.extops, _op).default, _device_type,
+                                       getattr(torch._C.DispatchKey, _key)), _key)
