@@ -37,7 +37,7 @@ STAGE_NUMBERS := $(foreach f,$(STAGE_FOLDERS),$(shell echo $(f) | cut -c1-2))
 STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo bench notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
+.PHONY: help stage test demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
 	diff new-stage \
 	lint gpu-check test-template fuzz sanitize exercise verify test-exercises book book-check clean \
 	distclean env \
@@ -61,6 +61,7 @@ help:
 	@echo "  make verify N    build your copy of stage N and run the stage's tests on it"
 	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
+	@echo "  make bench-abi   the stable ABI's cost: stage 08's extops against stage 07's, interleaved"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
@@ -163,6 +164,13 @@ demo: $(ENV_READY)
 bench: $(ENV_READY)
 	@$(PY) -m workbook.build all
 	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
+	@$(if $(OP),,$(PY) $(REPO)/bench/stable_abi.py $(if $(findstring --smoke,$(BENCH_ARGS)),--smoke))
+
+# What the stable ABI costs: stage 08's extops against stage 07's, timed in turn in two processes.
+bench-abi: $(ENV_READY)
+	@$(PY) -m workbook.build 7
+	@$(PY) -m workbook.build 8
+	@$(PY) $(REPO)/bench/stable_abi.py $(BENCH_ARGS)
 
 # -- notebooks ---------------------------------------------------------------------------------
 

@@ -28,6 +28,14 @@
 //                                 reduction(+ : a, b)`, which lets the compiler keep one partial
 //                                 sum per lane and add the lanes at the end, an order fixed at
 //                                 compile time (the deformable convolution's offset gradient).
+//   WORKBOOK_CPU_CLONES           on the stable ABI (gcc, x86-64 Linux), a function compiled
+//                                 three times, for AVX-512 (x86-64-v4), AVX2 (v3) and the SSE2
+//                                 baseline, the one to run picked once, when the library loads,
+//                                 from the CPU it finds (gcc's target_clones: an ifunc). So one
+//                                 wheel runs on any x86-64 and still uses the widest vectors the
+//                                 machine has, where a kernel's loops are worth it (the
+//                                 deformable convolution's). On ATen's side, empty: the build is
+//                                 for the build machine's CPU already.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +58,12 @@ __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 }
 #define WORKBOOK_SIMD_LOOP _Pragma("omp simd")
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define WORKBOOK_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define WORKBOOK_CPU_CLONES
+#endif
 #define WORKBOOK_SIMD_SUM(...) WORKBOOK_PRAGMA_(omp simd reduction(+ : __VA_ARGS__))
 #define WORKBOOK_PRAGMA_(...) _Pragma(#__VA_ARGS__)
 #else
@@ -59,6 +73,7 @@ __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 #include <ATen/cpu/vec/vec.h>
 #define WORKBOOK_SIMD_LOOP
 #define WORKBOOK_SIMD_SUM(...)
+#define WORKBOOK_CPU_CLONES
 #endif
 
 namespace workbook::cpu {

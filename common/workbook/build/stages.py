@@ -220,8 +220,9 @@ def providing(op: str) -> list[Stage]:
 
 def fullest(candidates: list[Stage] | None = None) -> dict[str, Stage]:
     """Per package, the stage a tool loads when it can load one per process: the one that
-    provides the most ops, the newest of those. Stages 06, 07 and 08 all build `extops`; 07 has
-    both ops, 08 (the stable ABI) the LLTM so far, so 07 it is, until 08 has both."""
+    provides the most ops, the newest of those. Stages 06, 07 and 08 all build `extops`, each
+    with both ops: on the CPU that is 08 (the stable ABI), and where CUDA runs 07, the newest
+    stage with CUDA kernels (callers pass the stages that run on their device)."""
     chosen: dict[str, Stage] = {}
     for s in candidates if candidates is not None else all_stages():
         best = chosen.get(s.package)

@@ -132,13 +132,15 @@ def conv2d_sample(config: Config, device: str) -> Sample:
                   arg_names=("input", "weight", "bias"))
 
 
-def measured_stages() -> list[stages.Stage]:
-    """The stages this benchmark measures: of the stages building one package (06 and 07 both
-    build `extops`), the last, which is the one a process can load (stage 07 compiles stage 06's
-    CPU kernel unchanged, so on the CPU its numbers are stage 06's)."""
-    providers = stages.providing("deform_conv2d")
-    return [s for k, s in enumerate(providers)
-            if not any(later.package == s.package for later in providers[k + 1:])]
+def measured_stages(device: str) -> list[stages.Stage]:
+    """The stages this benchmark measures on `device`: of the stages building one package (06, 07
+    and 08 build `extops`), the one a process loads there (stages.fullest, as the harness does):
+    on the CPU stage 08, whose CPU kernels are stage 06's compiled on the stable ABI, on a GPU
+    stage 07. bench/stable_abi.py times 08 against 07 on the CPU, which one process cannot load
+    together."""
+    providers = [s for s in stages.providing("deform_conv2d") if device in s.devices]
+    chosen = set(stages.fullest(providers).values())
+    return [s for s in providers if s in chosen]
 
 
 def deterministic_runners(s: stages.Stage):
@@ -168,7 +170,7 @@ def deterministic_runners(s: stages.Stage):
 def implementations(device: str) -> list[Impl]:
     impls = []
     if device == "cuda":
-        for s in measured_stages():
+        for s in measured_stages(device):
             if "cuda" in s.devices:
                 impls.append(Impl(f"{harness.stage_key(s)}_deterministic",
                                   f"stage {s.folder}, deterministic backward",
@@ -193,7 +195,7 @@ def implementations(device: str) -> list[Impl]:
 
 def targets(device: str) -> list[Target]:
     out = []
-    for s in measured_stages():
+    for s in measured_stages(device):
         key, name = harness.stage_key(s), f"stage {s.number:02d}"
         out += [
             Target(f"{name} forward + backward >= 10x torchvision", "main", key, "torchvision",
@@ -239,7 +241,7 @@ def sampling_bandwidth(run: harness.DeviceRun) -> None:
                                                                    else 0))
     out = {"config": config.name, "bytes": moved,
            "copy": harness.copy_bandwidth(run, moved // (2 * itemsize)), "kernels": {}}
-    for s in measured_stages():
+    for s in measured_stages(run.device):
         if "cuda" not in s.devices:
             continue
         fn = import_stage(s).deform_conv2d
@@ -411,7 +413,7 @@ def backbone_memory_probe(request: dict) -> dict:
     """In a fresh process: peak memory growth of one training step of `request["network"]`
     (harness.peak_growth_bytes, after a warm-up step)."""
     torch.set_num_threads(request["threads"])
-    extops = import_stage(measured_stages()[-1])
+    extops = import_stage(measured_stages(request["device"])[-1])
     step = _trainer(request["network"], request["sizes"], extops, request["device"])
     step()
     return {"samples_MB": [harness.peak_growth_bytes(step, request["device"]) / 2**20
@@ -443,7 +445,7 @@ def backbone_run(run: harness.DeviceRun) -> None:
         run.report["backbone"] = {"skipped": "torchvision is not installed"}
         return
     sizes = BACKBONE_SMOKE if run.report.get("smoke") else BACKBONE
-    extops = import_stage(measured_stages()[-1])
+    extops = import_stage(measured_stages(run.device)[-1])
     threads_list = run.plan.thread_counts() if run.device == "cpu" else (None,)
     if run.device == "cpu" and "threads" in sizes:
         threads_list = (sizes["threads"],)

@@ -149,11 +149,10 @@ def implementations(device: str) -> list[Impl]:
              note=compiled.settings),
         Impl("gemm_floor", "GEMMs alone (the floor; not an implementation)", runners=gemm_floor),
     ]
-    for s in fused_stages():
-        if device in s.devices:
-            impls.append(Impl(f"{harness.stage_key(s)}_kernels",
-                              f"stage {s.number:02d}'s ops alone, no autograd (its floor)",
-                              runners=kernels_alone(s)))
+    for s in fused_stages(device):
+        impls.append(Impl(f"{harness.stage_key(s)}_kernels",
+                          f"stage {s.number:02d}'s ops alone, no autograd (its floor)",
+                          runners=kernels_alone(s)))
     return impls
 
 
@@ -323,20 +322,21 @@ def markdown_extra(report: dict) -> list[str]:
 # Targets
 
 
-def fused_stages() -> list[stages.Stage]:
+def fused_stages(device: str) -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
     toward it and carry no targets. Of the stages that build one package (06, 07 and 08 build
-    `extops`), the one a process loads (stages.fullest: 07, with both ops). Stage 05 registers
-    its autograd in Python, the library (06, 07) in C++: the pair measures what that layer
-    costs."""
-    providers = [s for s in stages.providing("lltm") if s.number >= 5]
+    `extops`), the one a process loads where `device` runs (stages.fullest: 08 on the CPU, 07 on
+    a GPU). Stages 05 and 08 register their autograd in Python, 06 and 07 in C++: on a GPU the
+    pair 05/07 measures what that layer costs; bench/stable_abi.py measures 08 against 07 on the
+    CPU, which one process cannot load together."""
+    providers = [s for s in stages.providing("lltm") if s.number >= 5 and device in s.devices]
     chosen = set(stages.fullest(providers).values())
     return [s for s in providers if s in chosen]
 
 
 def targets(device: str) -> list[Target]:
     out = []
-    for s in fused_stages():
+    for s in fused_stages(device):
         key, name = harness.stage_key(s), f"stage {s.number:02d}"
         out += [Target(f"{name} forward >= 2.0x eager", "tutorial", key, "eager", "forward", 2.0),
                 Target(f"{name} backward >= 1.5x eager", "tutorial", key, "eager", "backward", 1.5),

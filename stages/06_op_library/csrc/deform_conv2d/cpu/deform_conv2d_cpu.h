@@ -279,25 +279,32 @@ struct CornerDots {
 // im2col, one task per (image, position) row: for each sample, each run of its offset group's
 // channels is one blend of four contiguous runs.
 template <typename T>
-void sample_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, const T* weight,
-                    T* columns) {
+WORKBOOK_CPU_CLONES void sample_columns_tasks(const Problem<T>& pb, const Chunk& ch,
+                                              const int64_t* base, const T* weight, T* columns,
+                                              int64_t begin, int64_t end) {
   const Geometry& g = pb.g;
   const ColumnLayout& layout = *pb.layout;
   const int64_t C = g.in_channels, K = g.taps(), GK = g.offset_groups * K;
   const int64_t row = pb.plane.row * C;
-  workbook::cpu::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const T* image = pb.input + (ch.n0 + t / ch.positions) * pb.plane.size * C;
-      T* out = columns + t * layout.width;
-      for (int64_t gk = 0; gk < GK; ++gk) {
-        const int64_t e = t * GK + gk, k = gk % K;
-        const T* x0 = image + base[e] * C;
-        for (const auto& run : layout.runs[gk / K]) {
-          blend_corners(out + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
-                        x0 + row + run.c0, x0 + row + C + run.c0, weight + 4 * e, run.c1 - run.c0);
-        }
+  for (int64_t t = begin; t < end; ++t) {
+    const T* image = pb.input + (ch.n0 + t / ch.positions) * pb.plane.size * C;
+    T* out = columns + t * layout.width;
+    for (int64_t gk = 0; gk < GK; ++gk) {
+      const int64_t e = t * GK + gk, k = gk % K;
+      const T* x0 = image + base[e] * C;
+      for (const auto& run : layout.runs[gk / K]) {
+        blend_corners(out + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
+                      x0 + row + run.c0, x0 + row + C + run.c0, weight + 4 * e, run.c1 - run.c0);
       }
     }
+  }
+}
+
+template <typename T>
+void sample_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, const T* weight,
+                    T* columns) {
+  workbook::cpu::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
+    sample_columns_tasks(pb, ch, base, weight, columns, begin, end);
   });
 }
 
@@ -306,28 +313,37 @@ void sample_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, 
 // the input: one task per (image, block of channels) owns those channels of the whole image and
 // adds into them in a fixed order. Race-free without atomics, and deterministic.
 template <typename T>
-void scatter_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, const T* weight,
-                     const T* grad_columns, T* grad_input) {
+WORKBOOK_CPU_CLONES void scatter_columns_tasks(const Problem<T>& pb, const Chunk& ch,
+                                               const int64_t* base, const T* weight,
+                                               const T* grad_columns, T* grad_input, int64_t begin,
+                                               int64_t end) {
   const Geometry& g = pb.g;
   const ColumnLayout& layout = *pb.layout;
   const int64_t C = g.in_channels, K = g.taps(), GK = g.offset_groups * K;
   const int64_t row = pb.plane.row * C;
   const int64_t blocks = static_cast<int64_t>(layout.blocks.size());
-  workbook::cpu::parallel_for(0, ch.images * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / blocks;
-      const ChannelRun& block = layout.blocks[t % blocks];
-      T* image = grad_input + (ch.n0 + i) * pb.plane.size * C + block.c0;
-      for (int64_t q = 0; q < ch.positions; ++q) {
-        const int64_t entry = (i * ch.positions + q) * GK + block.offset_group * K;
-        const T* grad = grad_columns + (i * ch.positions + q) * layout.width + block.column;
-        for (int64_t k = 0; k < K; ++k) {
-          T* x0 = image + base[entry + k] * C;
-          spread_corners(x0, x0 + C, x0 + row, x0 + row + C, grad + k * layout.per_group,
-                         weight + 4 * (entry + k), block.c1 - block.c0);
-        }
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t i = t / blocks;
+    const ChannelRun& block = layout.blocks[t % blocks];
+    T* image = grad_input + (ch.n0 + i) * pb.plane.size * C + block.c0;
+    for (int64_t q = 0; q < ch.positions; ++q) {
+      const int64_t entry = (i * ch.positions + q) * GK + block.offset_group * K;
+      const T* grad = grad_columns + (i * ch.positions + q) * layout.width + block.column;
+      for (int64_t k = 0; k < K; ++k) {
+        T* x0 = image + base[entry + k] * C;
+        spread_corners(x0, x0 + C, x0 + row, x0 + row + C, grad + k * layout.per_group,
+                       weight + 4 * (entry + k), block.c1 - block.c0);
       }
     }
+  }
+}
+
+template <typename T>
+void scatter_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base, const T* weight,
+                     const T* grad_columns, T* grad_input) {
+  const int64_t blocks = static_cast<int64_t>(pb.layout->blocks.size());
+  workbook::cpu::parallel_for(0, ch.images * blocks, 1, [&](int64_t begin, int64_t end) {
+    scatter_columns_tasks(pb, ch, base, weight, grad_columns, grad_input, begin, end);
   });
 }
 
@@ -337,45 +353,53 @@ void scatter_columns(const Problem<T>& pb, const Chunk& ch, const int64_t* base,
 //   grad_dy = m sum_j dw_j/dy A_j,   grad_dx = m sum_j dw_j/dx A_j,   grad_mask = sum_j w_j A_j.
 // One task per (image, position) owns that position's gradients for every group and tap.
 template <typename T>
-void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int64_t* base,
-                               const T* grad_columns, T* grad_offset, T* grad_mask) {
+WORKBOOK_CPU_CLONES void offset_and_mask_gradients_tasks(const Problem<T>& pb, const Chunk& ch,
+                                                         const int64_t* base, const T* grad_columns,
+                                                         T* grad_offset, T* grad_mask,
+                                                         int64_t begin, int64_t end) {
   const Geometry& g = pb.g;
   const ColumnLayout& layout = *pb.layout;
   const int64_t C = g.in_channels, K = g.taps(), GK = g.offset_groups * K, P = g.positions();
   const int64_t row = pb.plane.row * C;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
+    const T* image = pb.input + n * pb.plane.size * C;
+    const T* grad = grad_columns + t * layout.width;
+    // The derivative weights come from the same samples the table was built from.
+    for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
+      const int64_t k = gk % K;
+      const T* x0 = image + base[t * GK + gk] * C;
+      CornerDots<T> dots;
+      for (const auto& run : layout.runs[gk / K]) {
+        dots.add(grad + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
+                 x0 + row + run.c0, x0 + row + C + run.c0, run.c1 - run.c0);
+      }
+      const std::array<T, 4> acc = dots.fold();
+      // EXERCISE bilinear-gradient: grad_offset (m sum_j dw_j A_j), grad_mask (sum_j w_j A_j)
+      // checked by: test_deform_conv2d.py::test_against_reference, ::test_gradcheck,
+      //   ::test_offsets_far_outside_give_zero_and_finite_zero_gradients
+      T d_y = T(0), d_x = T(0), d_m = T(0);
+      for (int j = 0; j < 4; ++j) {
+        d_y += s.d_weight_dy(j) * acc[j];
+        d_x += s.d_weight_dx(j) * acc[j];
+        d_m += s.weight(j) * acc[j];
+      }
+      const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
+      if (grad_offset != nullptr) {
+        grad_offset[(n * 2 * GK + 2 * gk) * P + p] = scale * d_y;
+        grad_offset[(n * 2 * GK + 2 * gk + 1) * P + p] = scale * d_x;
+      }
+      if (grad_mask != nullptr) grad_mask[(n * GK + gk) * P + p] = d_m;
+      // END EXERCISE bilinear-gradient
+    });
+  }
+}
+
+template <typename T>
+void offset_and_mask_gradients(const Problem<T>& pb, const Chunk& ch, const int64_t* base,
+                               const T* grad_columns, T* grad_offset, T* grad_mask) {
   workbook::cpu::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
-      const T* image = pb.input + n * pb.plane.size * C;
-      const T* grad = grad_columns + t * layout.width;
-      // The derivative weights come from the same samples the table was built from.
-      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
-        const int64_t k = gk % K;
-        const T* x0 = image + base[t * GK + gk] * C;
-        CornerDots<T> dots;
-        for (const auto& run : layout.runs[gk / K]) {
-          dots.add(grad + run.column + k * layout.per_group, x0 + run.c0, x0 + C + run.c0,
-                   x0 + row + run.c0, x0 + row + C + run.c0, run.c1 - run.c0);
-        }
-        const std::array<T, 4> acc = dots.fold();
-        // EXERCISE bilinear-gradient: grad_offset (m sum_j dw_j A_j), grad_mask (sum_j w_j A_j)
-        // checked by: test_deform_conv2d.py::test_against_reference, ::test_gradcheck,
-        //   ::test_offsets_far_outside_give_zero_and_finite_zero_gradients
-        T d_y = T(0), d_x = T(0), d_m = T(0);
-        for (int j = 0; j < 4; ++j) {
-          d_y += s.d_weight_dy(j) * acc[j];
-          d_x += s.d_weight_dx(j) * acc[j];
-          d_m += s.weight(j) * acc[j];
-        }
-        const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
-        if (grad_offset != nullptr) {
-          grad_offset[(n * 2 * GK + 2 * gk) * P + p] = scale * d_y;
-          grad_offset[(n * 2 * GK + 2 * gk + 1) * P + p] = scale * d_x;
-        }
-        if (grad_mask != nullptr) grad_mask[(n * GK + gk) * P + p] = d_m;
-        // END EXERCISE bilinear-gradient
-      });
-    }
+    offset_and_mask_gradients_tasks(pb, ch, base, grad_columns, grad_offset, grad_mask, begin, end);
   });
 }
 

@@ -1,0 +1,268 @@
+"""What the stable ABI costs: stage 08's extops against stage 07's, the same ops, interleaved.
+
+Run card
+  make bench-abi                               (make bench runs it too, after bench/run.py)
+  python bench/stable_abi.py [--rounds 7] [--smoke] [--out DIR]
+  writes bench/results/stable_abi/cpu-2threads.{json,md}
+
+Both stages build a package named `extops` whose library registers the same ops, so one process
+can load only one of them. The two are timed in two worker processes, one per stage, that stay
+alive for the whole run: this process asks them for a measurement in turn (07, 08, 07, 08, ...),
+one measurement of every case per round, so both see the same machine at nearly the same moment.
+Each measurement is the median of a few calls after warm-up calls; the report gives, per case,
+each stage's median over the rounds and the ratio 07 / 08 (above 1: stage 08 is faster) with its
+spread over the rounds (lowest and highest round's ratio), which is the noise.
+
+Before timing, both workers compute every case on the same inputs (seeded) and this process
+compares the results: stage 08 must agree with stage 07 (float32, the descriptor's tolerance
+against float64 is far looser than what is asked here: 1e-4 relative).
+
+The cases, CPU, float32:
+  deform_conv2d  the benchmark's `main` configuration (N 4, C 64 -> 64, 56 x 56, 3 x 3, pad 1,
+                 mask, bias): forward, and forward + backward (every gradient), at 1 and 2 threads
+  lltm           the tutorial's batch 16 (features 32, state 128) and batch 4096: forward, and
+                 forward + backward. Stage 07 runs the LLTM's autograd in C++ (a
+                 torch::autograd::Function), stage 08 from Python (torch.library.register_autograd):
+                 at batch 16 the difference is mostly that per-call cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = (7, 8)  # (the ATen library, the stable one)
+
+
+def cases(smoke: bool) -> list[dict]:
+    dcn = ({"batch": 1, "channels": 8, "size": 10} if smoke
+           else {"batch": 4, "channels": 64, "size": 56})
+    out = []
+    for threads in (1, 2):
+        for phase in ("forward", "forward+backward"):
+            out.append({"op": "deform_conv2d", "config": "main", **dcn, "phase": phase,
+                        "threads": threads})
+    for batch in ((16,) if smoke else (16, 4096)):
+        for phase in ("forward", "forward+backward"):
+            out.append({"op": "lltm", "config": f"batch {batch}", "batch": batch, "features": 32,
+                        "state": 128, "phase": phase, "threads": 2})
+    return out
+
+
+def label(case: dict) -> str:
+    return f"{case['op']} {case['config']} {case['phase']}, {case['threads']} thread" + \
+        ("s" if case["threads"] > 1 else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# The worker: one stage's extops, measuring on request
+
+
+def make_inputs(case: dict):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    if case["op"] == "deform_conv2d":
+        n, c, s = case["batch"], case["channels"], case["size"]
+        x = torch.randn(n, c, s, s, generator=g)
+        offset = (torch.rand(n, 18, s, s, generator=g) - 0.5) * 5  # +-2.5 px
+        mask = torch.rand(n, 9, s, s, generator=g)
+        weight = torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5)
+        bias = torch.randn(c, generator=g)
+        return [x, offset, weight, bias, mask]
+    b, f, s = case["batch"], case["features"], case["state"]
+    return [torch.randn(b, f, generator=g), torch.randn(3 * s, f + s, generator=g) * 0.1,
+            torch.randn(3 * s, generator=g) * 0.1, torch.randn(b, s, generator=g),
+            torch.randn(b, s, generator=g)]
+
+
+def make_call(extops, case: dict):
+    """The measured call for `case` and the tensors whose grads it fills (for the comparison)."""
+    tensors = make_inputs(case)
+    backward = case["phase"] == "forward+backward"
+    for t in tensors:
+        t.requires_grad_(backward)
+    if case["op"] == "deform_conv2d":
+        x, offset, weight, bias, mask = tensors
+
+        def forward():
+            return extops.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask)
+    else:
+        def forward():
+            new_h, new_cell = extops.lltm(*tensors)
+            return new_h + new_cell
+
+    def call():
+        for t in tensors:
+            t.grad = None
+        out = forward()
+        if backward:
+            out.sum().backward()
+        return out
+
+    return call, tensors
+
+
+def worker(stage: int) -> int:
+    import torch
+
+    from workbook.build.loader import import_stage
+
+    extops = import_stage(stage)
+    calls = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        case = request["case"]
+        torch.set_num_threads(case["threads"])
+        key = label(case)
+        if key not in calls:
+            calls[key] = make_call(extops, case)
+        call, tensors = calls[key]
+        if request["what"] == "result":
+            out = call()
+            values = [out.detach()] + [t.grad for t in tensors if t.grad is not None]
+            reply = {"values": [v.flatten().tolist() for v in values]}
+        else:
+            for _ in range(request["warmup"]):
+                call()
+            times = []
+            for _ in range(request["calls"]):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+            reply = {"seconds": statistics.median(times)}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+
+
+class Worker:
+    def __init__(self, stage: int):
+        env = {**os.environ, "PYTHONPATH": str(REPO / "common") + os.pathsep +
+               os.environ.get("PYTHONPATH", "")}
+        self.stage = stage
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(stage)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env, cwd=REPO)
+
+    def ask(self, **request) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"[bench-abi] stage {self.stage}'s worker exited "
+                             f"({self.proc.wait()}): see its error above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def agree(a: list, b: list, rtol: float = 1e-4) -> float:
+    """The largest difference between two results, relative to the largest magnitude."""
+    import torch
+
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+        scale = max(x.abs().max().item(), 1e-30)
+        worst = max(worst, (x - y).abs().max().item() / scale)
+    if worst > rtol:
+        raise SystemExit(f"[bench-abi] stage 08 disagrees with stage 07: relative difference "
+                         f"{worst:.2e} > {rtol:.0e}")
+    return worst
+
+
+def render(report: dict) -> str:
+    lines = ["# What the stable ABI costs: stage 08 against stage 07", "",
+             f"{report['machine']}, torch {report['torch']}, commit {report['commit']}, "
+             f"{report['rounds']} rounds, float32, CPU. Produced by `make bench-abi` "
+             f"(bench/stable_abi.py: two worker processes, one per stage, timed in turn).", "",
+             "Ratio = stage 07's time / stage 08's (above 1: the stable build is faster); "
+             "noise = the lowest and highest ratio of a single round.", "",
+             "| case | stage 07 (ATen) | stage 08 (stable) | ratio 07/08 | noise |",
+             "|---|--:|--:|--:|--:|"]
+    for row in report["cases"]:
+        lines.append(f"| {row['case']} | {row['ms'][0]:.3f} ms | {row['ms'][1]:.3f} ms | "
+                     f"{row['ratio']:.3f} | {row['ratio_low']:.2f}-{row['ratio_high']:.2f} |")
+    lines += ["", f"Results agree: largest relative difference {report['agreement']:.1e} "
+              f"(outputs and gradients, every case)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, 2 rounds")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        return worker(args.worker)
+
+    import torch
+
+    rounds = 2 if args.smoke else args.rounds
+    out = args.out or (REPO / ("build/bench-smoke" if args.smoke else "bench/results") /
+                       "stable_abi")
+    workers = [Worker(s) for s in STAGES]
+    try:
+        all_cases = cases(args.smoke)
+        worst = 0.0
+        for case in all_cases:
+            results = [w.ask(what="result", case=case)["values"] for w in workers]
+            worst = max(worst, agree(*results))
+        print(f"[bench-abi] stages 07 and 08 agree on every case (largest relative difference "
+              f"{worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds ...", flush=True)
+        times = {label(c): ([], []) for c in all_cases}
+        for r in range(rounds):
+            for case in all_cases:
+                big = case["op"] == "deform_conv2d" or case["batch"] > 1000
+                calls, warmup = (10, 2) if big else (50, 10)
+                if args.smoke:
+                    calls, warmup = 2, 1
+                order = workers if r % 2 == 0 else workers[::-1]  # who goes first alternates
+                for w in order:
+                    seconds = w.ask(what="time", case=case, calls=calls, warmup=warmup)["seconds"]
+                    times[label(case)][STAGES.index(w.stage)].append(seconds)
+            print(f"[bench-abi] round {r + 1}/{rounds} done", flush=True)
+    finally:
+        for w in workers:
+            w.close()
+
+    rows = []
+    for key, (aten, stable) in times.items():
+        ratios = [a / s for a, s in zip(aten, stable, strict=True)]
+        rows.append({"case": key, "ms": [statistics.median(aten) * 1e3,
+                                         statistics.median(stable) * 1e3],
+                     "ratio": statistics.median(aten) / statistics.median(stable),
+                     "ratio_low": min(ratios), "ratio_high": max(ratios),
+                     "seconds": {"07": aten, "08": stable}})
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    report = {"machine": f"{platform.processor() or platform.machine()}, "
+                         f"{os.cpu_count()} cores", "torch": torch.__version__,
+              "commit": commit, "rounds": rounds, "agreement": worst, "cases": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu-2threads.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = render(report)
+    (out / "cpu-2threads.md").write_text(text)
+    print(text)
+    print(f"[bench-abi] written to {out}/cpu-2threads.{{json,md}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
