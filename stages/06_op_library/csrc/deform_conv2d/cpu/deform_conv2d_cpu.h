@@ -171,23 +171,30 @@ void for_each_sample(const Problem<T>& pb, int64_t n, int64_t p, const Fn& fn) {
 // p0 + q, offset group g, tap k), base[e] is the padded-plane pixel of corner c0 and
 // weight[4 e + c] = mask * bilinear weight of corner c.
 template <typename T>
-void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T* weight) {
+WORKBOOK_CPU_CLONES void build_sample_table_tasks(const Problem<T>& pb, const Chunk& ch,
+                                                  int64_t* base, T* weight, int64_t begin,
+                                                  int64_t end) {
   const Geometry& g = pb.g;
   const int64_t GK = g.offset_groups * g.taps(), P = g.positions();
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
+    for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
+      // EXERCISE bilinear-sample: entry e: base[e] (corner c0's pixel), weight[4e + c] = mask w_c
+      // checked by: test_deform_conv2d.py::test_against_reference,
+      //   ::test_zero_offsets_and_unit_mask_are_a_convolution, ::test_matches_torchvision
+      const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
+      const int64_t e = t * GK + gk;
+      base[e] = pb.plane.base(s);
+      for (int c = 0; c < 4; ++c) weight[4 * e + c] = scale * s.weight(c);
+      // END EXERCISE bilinear-sample
+    });
+  }
+}
+
+template <typename T>
+void build_sample_table(const Problem<T>& pb, const Chunk& ch, int64_t* base, T* weight) {
   workbook::cpu::parallel_for(0, ch.images * ch.positions, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n = ch.n0 + t / ch.positions, p = ch.p0 + t % ch.positions;
-      for_each_sample(pb, n, p, [&](int64_t gk, const workbook::bilinear::Point<T>& s) {
-        // EXERCISE bilinear-sample: entry e: base[e] (corner c0's pixel), weight[4e + c] = mask w_c
-        // checked by: test_deform_conv2d.py::test_against_reference,
-        //   ::test_zero_offsets_and_unit_mask_are_a_convolution, ::test_matches_torchvision
-        const T scale = pb.mask ? pb.mask[(n * GK + gk) * P + p] : T(1);
-        const int64_t e = t * GK + gk;
-        base[e] = pb.plane.base(s);
-        for (int c = 0; c < 4; ++c) weight[4 * e + c] = scale * s.weight(c);
-        // END EXERCISE bilinear-sample
-      });
-    }
+    build_sample_table_tasks(pb, ch, base, weight, begin, end);
   });
 }
 
