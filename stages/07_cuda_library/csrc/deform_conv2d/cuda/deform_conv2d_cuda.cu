@@ -39,7 +39,7 @@
 //
 // Sections: reference, kernels, launchers (the ops), registration. The input checks are
 // workbook/deform_conv2d.h and the bilinear arithmetic workbook/bilinear.h, shared with
-// the CPU kernel of stage 06 (../06_op_library/csrc/deform_conv2d/cpu/deform_conv2d_cpu.cpp), so
+// the CPU kernels of stage 06 (../06_op_library/csrc/deform_conv2d/cpu/deform_conv2d_cpu.h), so
 // the CPU suite tests the arithmetic these kernels run. The schemas are in
 // ../06_op_library/csrc/deform_conv2d/deform_conv2d.cpp.
 #include <ATen/ATen.h>
