@@ -61,8 +61,7 @@ __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 }
 #define WORKBOOK_SIMD_LOOP _Pragma("omp simd")
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define WORKBOOK_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define WORKBOOK_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define WORKBOOK_CPU_CLONES
 #endif
