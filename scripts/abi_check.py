@@ -7,7 +7,7 @@ rebuild between them: the proof that the stable ABI makes one binary.
 1. `pip wheel` builds stages/08_stable_abi once, with this environment's torch, into dist/: an
    abi3 wheel (checked by its name).
 2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
-   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy).
+   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX).
 3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 08's
    tests run on that installed package (WORKBOOK_INSTALLED: workbook.build.loader imports it
    instead of building the stage), once per torch.
@@ -36,7 +36,9 @@ from workbook.build.loader import INSTALLED
 
 REPO = stages.REPO
 SECOND_TORCH = "2.13.0"
-TEST_REQUIREMENTS = ("pytest", "numpy")  # pinned as requirements.txt pins them
+# The tests' own requirements, pinned as requirements.txt pins them: pytest and numpy, and the
+# ONNX packages the deployment tests export to and run in (stage 06's test_deploy.py).
+TEST_REQUIREMENTS = ("pytest", "numpy", "onnx", "onnxscript", "onnxruntime")
 
 
 def say(text: str) -> None:
@@ -77,7 +79,7 @@ def python_with_torch(version: str) -> Path:
     reused while it imports that torch."""
     folder = stages.build_root() / "abi-check" / f"torch-{version}"
     python = folder / "bin" / "python"
-    probe = [python, "-c", "import torch, pytest; print(torch.__version__)"]
+    probe = [python, "-c", "import torch, pytest, onnxscript, onnxruntime"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
     say(f"creating {folder} with torch=={version} (a minute or two)")

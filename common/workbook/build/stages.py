@@ -115,6 +115,13 @@ class Stage:
                    for text in (path.read_text(errors="replace"),))
 
     @property
+    def stable_abi(self) -> bool:
+        """Whether its library is built on PyTorch's stable ABI (its setup.py sets
+        TORCH_TARGET_VERSION: stage 08), where a C++ check can raise only RuntimeError."""
+        setup = self.source_dir / "setup.py"
+        return setup.is_file() and "TORCH_TARGET_VERSION" in setup.read_text()
+
+    @property
     def label(self) -> str:
         return f"stage {self.number} ({self.folder})"
 
