@@ -54,6 +54,16 @@ namespace workbook {
 using Tensor = torch::stable::Tensor;
 using Device = torch::stable::Device;
 using IntList = torch::headeronly::IntHeaderOnlyArrayRef;  // what an int[] argument arrives as
+
+// The dtype of t, any dtype. Tensor::scalar_type() converts the shim's dtype through a table of
+// the dtypes the stable ABI supports and throws on the others ("Not yet supported ScalarType 46"
+// for torch.uint6, the bits types, ...), so a check could not name them. The shim's value is
+// c10::ScalarType's number (AOTInductor's shims define every dtype so), taken here as it is.
+inline c10::ScalarType dtype_of(const Tensor& t) {
+  int32_t dtype = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dtype));
+  return static_cast<c10::ScalarType>(dtype);
+}
 }  // namespace workbook
 #define WORKBOOK_CHECK_TYPE(cond, message) \
   WORKBOOK_THROW_UNLESS_(cond, std::string("[TypeError] ") + (message))
@@ -73,6 +83,8 @@ namespace workbook {
 using Tensor = at::Tensor;
 using Device = c10::Device;
 using IntList = c10::IntArrayRef;
+
+inline c10::ScalarType dtype_of(const Tensor& t) { return t.scalar_type(); }
 }  // namespace workbook
 // A failed check raises TypeError (_TYPE), ValueError (_VALUE) or RuntimeError (plain).
 #define WORKBOOK_CHECK_TYPE(cond, message) TORCH_CHECK_TYPE(cond, message)
@@ -289,20 +301,20 @@ inline void check_strided(const Tensor& t, const Arg& arg) {
 inline void check_floating(const Tensor& t, const Arg& arg) {
   check_strided(t, arg);
   WORKBOOK_CHECK_TYPE(
-      supported_floating(t.scalar_type()),
-      say("floating", {{"op", arg.op}, {"arg", arg.name}, {"got", dtype_name(t.scalar_type())}}));
+      supported_floating(dtype_of(t)),
+      say("floating", {{"op", arg.op}, {"arg", arg.name}, {"got", dtype_name(dtype_of(t))}}));
 }
 
 // `t` in the dtype of `first` (the op's first tensor, which sets it).
 inline void check_dtype(const Tensor& t, const Arg& arg, const Tensor& first,
                         const Arg& first_arg) {
   check_defined(t, arg);
-  WORKBOOK_CHECK_TYPE(t.scalar_type() == first.scalar_type(),
+  WORKBOOK_CHECK_TYPE(dtype_of(t) == dtype_of(first),
                       say("dtype", {{"op", arg.op},
                                     {"arg", arg.name},
-                                    {"expected", dtype_name(first.scalar_type())},
+                                    {"expected", dtype_name(dtype_of(first))},
                                     {"first", first_arg.name},
-                                    {"got", dtype_name(t.scalar_type())}}));
+                                    {"got", dtype_name(dtype_of(t))}}));
 }
 
 // The device type as torch.device spells it ("cuda"; the emulated device's own name).

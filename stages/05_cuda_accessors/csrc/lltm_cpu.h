@@ -31,18 +31,28 @@ namespace lltm_kernels {
 // second thread is not worth waking (at::parallel_for then runs the loop inline).
 constexpr int64_t kGrainElements = 8192;
 
+// Calls fn(b, s_begin, s_end) on the row pieces of the flat elements [begin, end). Built on the
+// stable ABI it is compiled for AVX2 as well as the baseline, picked when the library loads
+// (WORKBOOK_CPU_CLONES, workbook/cpu.h), and fn, inlined here, with it: the kernels' loops
+// below then run 8 floats a step, exp and tanh included (glibc's AVX2 versions), where the CPU
+// has AVX2.
+template <typename Fn>
+WORKBOOK_CPU_CLONES void for_row_pieces(int64_t begin, int64_t end, int64_t state, const Fn& fn) {
+  while (begin < end) {
+    const int64_t b = begin / state, s = begin % state;
+    const int64_t s_end = std::min(state, s + (end - begin));
+    fn(b, s, s_end);
+    begin += s_end - s;
+  }
+}
+
 // Calls fn(b, s_begin, s_end) on row pieces that together cover the B x S elements once, split
 // across at::parallel_for's threads in flat chunks: a single long row (batch 1) is shared out as
 // well as many short ones.
 template <typename Fn>
 void parallel_over_rows(int64_t batch, int64_t state, const Fn& fn) {
   workbook::cpu::parallel_for(0, batch * state, kGrainElements, [&](int64_t begin, int64_t end) {
-    while (begin < end) {
-      const int64_t b = begin / state, s = begin % state;
-      const int64_t s_end = std::min(state, s + (end - begin));
-      fn(b, s, s_end);
-      begin += s_end - s;
-    }
+    for_row_pieces(begin, end, state, fn);
   });
 }
 
