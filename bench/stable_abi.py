@@ -6,9 +6,11 @@ Run card
   writes bench/results/stable_abi/cpu-2threads.{json,md}
 
 Both stages build a package named `extops` whose library registers the same ops, so one process
-can load only one of them. The two are timed in two worker processes, one per stage, that stay
-alive for the whole run: this process asks them for a measurement in turn (07, 08, 07, 08, ...),
-one measurement of every case per round, so both see the same machine at nearly the same moment.
+can load only one of them. The two are timed in two worker processes, one per stage, started
+afresh every round (a process can stay slower than another for its whole life, by where its
+memory and threads landed: measured here, up to 1.3x on the same library): this process asks them
+for a measurement in turn, one measurement of every case per round, who goes first alternating,
+so both see the same machine at nearly the same moment.
 Each measurement is the median of a few calls after warm-up calls; the report gives, per case,
 each stage's median over the rounds and the ratio 07 / 08 (above 1: stage 08 is faster) with its
 spread over the rounds (lowest and highest round's ratio), which is the noise.
@@ -217,17 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 2 if args.smoke else args.rounds
     out = args.out or (REPO / ("build/bench-smoke" if args.smoke else "bench/results") /
                        "stable_abi")
+    all_cases = cases(args.smoke)
     workers = [Worker(s) for s in STAGES]
     try:
-        all_cases = cases(args.smoke)
         worst = 0.0
         for case in all_cases:
             results = [w.ask(what="result", case=case)["values"] for w in workers]
             worst = max(worst, agree(*results))
-        print(f"[bench-abi] stages 07 and 08 agree on every case (largest relative difference "
-              f"{worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds ...", flush=True)
-        times = {label(c): ([], []) for c in all_cases}
-        for r in range(rounds):
+    finally:
+        for w in workers:
+            w.close()
+    print(f"[bench-abi] stages 07 and 08 agree on every case (largest relative difference "
+          f"{worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh pair of "
+          f"worker processes each round ...", flush=True)
+    times = {label(c): ([], []) for c in all_cases}
+    for r in range(rounds):
+        # Fresh processes every round: one process can stay slower than another for its whole
+        # life (where its memory and its threads landed), which timing within it cannot see.
+        workers = [Worker(s) for s in STAGES]
+        try:
             for case in all_cases:
                 big = case["op"] == "deform_conv2d" or case["batch"] > 1000
                 calls, warmup = (10, 2) if big else (50, 10)
@@ -237,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                 for w in order:
                     seconds = w.ask(what="time", case=case, calls=calls, warmup=warmup)["seconds"]
                     times[label(case)][STAGES.index(w.stage)].append(seconds)
-            print(f"[bench-abi] round {r + 1}/{rounds} done", flush=True)
-    finally:
-        for w in workers:
-            w.close()
+        finally:
+            for w in workers:
+                w.close()
+        print(f"[bench-abi] round {r + 1}/{rounds} done", flush=True)
 
     rows = []
     for key, (aten, stable) in times.items():

@@ -29,15 +29,15 @@
 //                                 sum per lane and add the lanes at the end, an order fixed at
 //                                 compile time (the deformable convolution's offset gradient).
 //   WORKBOOK_CPU_CLONES           on the stable ABI (gcc, x86-64 Linux), a function compiled
-//                                 twice, for AVX2 with FMA (x86-64-v3) and for the SSE2
-//                                 baseline, the one to run picked once, when the library loads,
-//                                 from the CPU it finds (gcc's target_clones: an ifunc). So one
-//                                 wheel runs on any x86-64 and still uses 8-float vectors where
-//                                 the machine has them, in the kernels whose loops are worth it
-//                                 (the deformable convolution's). An AVX-512 clone (x86-64-v4)
-//                                 measured no faster on this 2-core machine, and steadier
-//                                 without (stage 08's README). On ATen's side, empty: the build
-//                                 is for the build machine's CPU already.
+//                                 three times, for AVX-512 (x86-64-v4), AVX2 with FMA (v3) and
+//                                 the SSE2 baseline, the one to run picked once, when the library
+//                                 loads, from the CPU it finds (gcc's target_clones: an ifunc).
+//                                 So one wheel runs on any x86-64 and still uses the vectors the
+//                                 ATen build gets from its build machine, where the machine has
+//                                 them: in the deformable convolution's task loops, and in the
+//                                 LLTM's row loop (inlined into the clone, exp and tanh included:
+//                                 glibc has AVX2 and AVX-512 versions of both). On ATen's side,
+//                                 empty: the build is for the build machine's CPU already.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +61,8 @@ __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 }
 #define WORKBOOK_SIMD_LOOP _Pragma("omp simd")
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define WORKBOOK_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define WORKBOOK_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define WORKBOOK_CPU_CLONES
 #endif
