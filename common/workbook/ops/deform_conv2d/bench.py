@@ -134,13 +134,11 @@ def conv2d_sample(config: Config, device: str) -> Sample:
 
 def measured_stages(device: str) -> list[stages.Stage]:
     """The stages this benchmark measures on `device`: of the stages building one package (06, 07
-    and 08 build `extops`), the one a process loads there (stages.fullest, as the harness does):
-    on the CPU stage 08, whose CPU kernels are stage 06's compiled on the stable ABI, on a GPU
-    stage 07. bench/stable_abi.py times 08 against 07 on the CPU, which one process cannot load
-    together."""
-    providers = [s for s in stages.providing("deform_conv2d") if device in s.devices]
-    chosen = set(stages.fullest(providers).values())
-    return [s for s in providers if s in chosen]
+    and 08 build `extops`), the one a process loads there (ops.implementations, as the harness
+    takes them): on the CPU stage 08, whose CPU kernels are stage 06's compiled on the stable
+    ABI, on a GPU stage 07. bench/stable_abi.py times 08 against 07 on the CPU, which one process
+    cannot load together."""
+    return [i.stage for i in ops.implementations("deform_conv2d", device)]
 
 
 def deterministic_runners(s: stages.Stage):

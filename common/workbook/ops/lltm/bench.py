@@ -325,13 +325,11 @@ def markdown_extra(report: dict) -> list[str]:
 def fused_stages(device: str) -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
     toward it and carry no targets. Of the stages that build one package (06, 07 and 08 build
-    `extops`), the one a process loads where `device` runs (stages.fullest: 08 on the CPU, 07 on
-    a GPU). Stages 05 and 08 register their autograd in Python, 06 and 07 in C++: on a GPU the
-    pair 05/07 measures what that layer costs; bench/stable_abi.py measures 08 against 07 on the
-    CPU, which one process cannot load together."""
-    providers = [s for s in stages.providing("lltm") if s.number >= 5 and device in s.devices]
-    chosen = set(stages.fullest(providers).values())
-    return [s for s in providers if s in chosen]
+    `extops`), the one a process loads where `device` runs (ops.implementations: 08 on the CPU,
+    07 on a GPU). Stages 05 and 08 register their autograd in Python, 06 and 07 in C++: on a GPU
+    the pair 05/07 measures what that layer costs; bench/stable_abi.py measures 08 against 07 on
+    the CPU, which one process cannot load together."""
+    return [i.stage for i in ops.implementations("lltm", device) if i.stage.number >= 5]
 
 
 def targets(device: str) -> list[Target]:

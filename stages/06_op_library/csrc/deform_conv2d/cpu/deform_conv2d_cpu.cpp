@@ -54,7 +54,6 @@ namespace {
 using namespace deform_conv2d_kernels;  // the kernels: this file is their ATen glue
 using workbook::deform_conv2d::ChunkPlan;
 using workbook::deform_conv2d::for_each_chunk;
-using workbook::deform_conv2d::plan_chunks;
 
 // ----------------------------------------------------------------------------------------------
 // GEMMs
@@ -139,10 +138,6 @@ void weight_gradient_gemm(const at::Tensor& grad_weight3, const at::Tensor& grad
 // double run natively. Inputs of any layout are accepted: each is copied once into the layout
 // above (for the input, with the padding), which costs little next to the columns.
 
-at::ScalarType compute_type(at::ScalarType type) {
-  return type == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 at::Tensor in_compute_type(const at::Tensor& t, at::ScalarType type) {
   return t.detach().to(type).contiguous();
 }
@@ -210,9 +205,7 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset,
                           input_c.const_data_ptr<T>(),
                           offset_c.const_data_ptr<T>(),
                           mask_c ? mask_c->const_data_ptr<T>() : nullptr};
-      const int64_t per_position =
-          layout.width * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const ChunkPlan plan = plan_forward<T>(g, layout);
       const int64_t positions = plan.most_positions(g);
       auto base = at::empty({positions * g.offset_groups * K}, typed.dtype(at::kLong));
       auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);
@@ -306,13 +299,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
                           read_input ? input_c.const_data_ptr<T>() : nullptr,
                           offset_c.const_data_ptr<T>(),
                           mask_c ? mask_c->const_data_ptr<T>() : nullptr};
-      // Per position: the columns (for grad_weight, with the chunk's grad_output beside them),
-      // the grad columns, the table.
-      const int64_t values = (want_weight ? layout.width + g.out_channels : 0) +
-                             (want_columns_grad ? layout.width : 0);
-      const int64_t per_position =
-          values * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const ChunkPlan plan = plan_backward<T>(g, layout, want_weight, want_columns_grad);
       const int64_t positions = plan.most_positions(g);
       auto base = at::empty({positions * g.offset_groups * K}, options.dtype(at::kLong));
       auto weights = at::empty({4 * positions * g.offset_groups * K}, typed);

@@ -140,9 +140,35 @@ struct Problem {
   const T* mask;  // null: no mask
 };
 
+// The dtype a kernel computes in: half and bfloat16 in float, float and double natively.
+inline c10::ScalarType compute_type(c10::ScalarType type) {
+  return type == c10::ScalarType::Double ? c10::ScalarType::Double : c10::ScalarType::Float;
+}
+
 template <typename T>
 int64_t table_bytes_per_position(const Geometry& g) {
   return g.offset_groups * g.taps() * static_cast<int64_t>(sizeof(int64_t) + 4 * sizeof(T));
+}
+
+// How a launcher cuts its batch (workbook/deform_conv2d.h), from the bytes its buffers take per
+// output position. The forward: the columns and the table.
+template <typename T>
+workbook::deform_conv2d::ChunkPlan plan_forward(const Geometry& g, const ColumnLayout& layout) {
+  const int64_t per_position =
+      layout.width * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
+  return workbook::deform_conv2d::plan_chunks(g, per_position, kColumnBudgetBytes);
+}
+
+// The backward: the columns (for grad_weight, with the chunk's grad_output beside them), the grad
+// columns (for the other gradients), the table.
+template <typename T>
+workbook::deform_conv2d::ChunkPlan plan_backward(const Geometry& g, const ColumnLayout& layout,
+                                                 bool want_weight, bool want_columns_grad) {
+  const int64_t values =
+      (want_weight ? layout.width + g.out_channels : 0) + (want_columns_grad ? layout.width : 0);
+  const int64_t per_position =
+      values * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
+  return workbook::deform_conv2d::plan_chunks(g, per_position, kColumnBudgetBytes);
 }
 
 // Calls fn(gk, sample) for every offset group g and tap k (gk = g K + k) of output position p of

@@ -47,7 +47,6 @@ using namespace deform_conv2d_kernels;  // the kernels: this file is their stabl
 using torch::stable::Tensor;
 using workbook::deform_conv2d::ChunkPlan;
 using workbook::deform_conv2d::for_each_chunk;
-using workbook::deform_conv2d::plan_chunks;
 using ScalarType = c10::ScalarType;
 
 // ----------------------------------------------------------------------------------------------
@@ -150,10 +149,6 @@ void weight_gradient_gemm(const Geometry& g, const Tensor& grad_weight3,
 // double run natively. Inputs of any layout are accepted: each is copied once into the layout
 // above (for the input, with the padding), which costs little next to the columns.
 
-ScalarType compute_type(ScalarType type) {
-  return type == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
-}
-
 // fn(T{}) for the compute type, as AT_DISPATCH_FLOATING_TYPES would call its lambda.
 template <typename Fn>
 void dispatch_compute_type(ScalarType type, const Fn& fn) {
@@ -249,9 +244,7 @@ Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor
                           input_c.const_data_ptr<T>(),
                           offset_c.const_data_ptr<T>(),
                           data_or_null<T>(mask_c)};
-      const int64_t per_position =
-          layout.width * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const ChunkPlan plan = plan_forward<T>(g, layout);
       const int64_t positions = plan.most_positions(g);
       Tensor base = torch::stable::empty({positions * g.offset_groups * K}, ScalarType::Long,
                                          std::nullopt, input.device());
@@ -351,13 +344,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cpu(
                           data_or_null<T>(input_c),
                           offset_c.const_data_ptr<T>(),
                           data_or_null<T>(mask_c)};
-      // Per position: the columns (for grad_weight, with the chunk's grad_output beside them),
-      // the grad columns, the table.
-      const int64_t values = (want_weight ? layout.width + g.out_channels : 0) +
-                             (want_columns_grad ? layout.width : 0);
-      const int64_t per_position =
-          values * static_cast<int64_t>(sizeof(T)) + table_bytes_per_position<T>(g);
-      const ChunkPlan plan = plan_chunks(g, per_position, kColumnBudgetBytes);
+      const ChunkPlan plan = plan_backward<T>(g, layout, want_weight, want_columns_grad);
       const int64_t positions = plan.most_positions(g);
       const auto buffer = [&](int64_t size, ScalarType dtype) {
         return torch::stable::empty({size}, dtype, std::nullopt, device);
