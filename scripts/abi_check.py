@@ -5,7 +5,8 @@ rebuild between them: the proof that the stable ABI makes one binary.
     make abi-check TORCH=2.x.y     another second version, where pip can get one
 
 1. `pip wheel` builds stages/08_stable_abi once, with this environment's torch, into dist/: an
-   abi3 wheel (checked by its name).
+   abi3 wheel (checked by its name), CPU-only (WORKBOOK_NO_CUDA=1: the second torch is a CPU
+   build; its CUDA tests skip in both runs, WORKBOOK_CUDA=off, saying why).
 2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
    machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX).
 3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 08's
@@ -119,6 +120,12 @@ def main(argv=None) -> int:
     parser.add_argument("--torch", default=os.environ.get("TORCH") or SECOND_TORCH,
                         help=f"the second torch version (default {SECOND_TORCH})")
     args = parser.parse_args(argv)
+    # The wheel checked across versions is the CPU build of the same sources: the second torch is
+    # a CPU build, beside which a library linked to libtorch_cuda's shims and the CUDA runtime
+    # cannot load. So no CUDA kernels in it, and none tested (the emulated device would test a
+    # build of its own, not this wheel): the CUDA tests say so as they skip, in both runs alike.
+    os.environ["WORKBOOK_NO_CUDA"] = "1"
+    os.environ["WORKBOOK_CUDA"] = "off"
     stage = next(s for s in stages.all_stages() if s.folder.endswith("_stable_abi"))
     import torch
 

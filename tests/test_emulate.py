@@ -205,7 +205,7 @@ from workbook import ops
 from workbook.build import emulate
 from workbook.spec import compare
 import extops  # the stage's own build (PYTHONPATH: mutant_env), with its CPU and CUDA kernels
-emulate.build_kernels("emulate_mutant_test", [SOURCE], BUILD)   # instead of the stage's own
+emulate.build_kernels("emulate_mutant_test", SOURCES, BUILD)   # instead of the stage's own
 spec = ops.get("deform_conv2d")
 sample = spec.make(spec.case("b2_c4_o5_k3_pad1"), device=emulate.DEVICE, dtype=torch.float64)
 result = compare(extops.deform_conv2d, spec, sample)
@@ -214,17 +214,20 @@ print("MUTANT", "PASSED" if result.ok else "CAUGHT", result)
 
 
 def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
-    """MUTANT_CHECKS, run on a copy of stage 07's CUDA file with `mutation` (old, new) applied
-    once, built into build_dir beside the stage's own (ordinary) library."""
+    """MUTANT_CHECKS, run on a copy of stage 07's CUDA glue and kernel header with `mutation`
+    (old, new) applied once to the kernels, built into build_dir beside the stage's own
+    (ordinary) library."""
     stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
                  and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
-    original = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
-    text = original.read_text()
+    glue = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
+    kernels = glue.with_suffix(".cuh")
+    text = kernels.read_text()
     assert text.count(mutation[0]) == 1, "the code to mutate moved: update the mutation"
-    mutant = tmp_path / "deform_conv2d_cuda.cu"
-    mutant.write_text(text.replace(*mutation))
+    (tmp_path / glue.name).write_text(glue.read_text())
+    (tmp_path / kernels.name).write_text(text.replace(*mutation))
     builder.build_stage(stage, quiet=True)
-    return (f"from pathlib import Path\nSOURCE = Path({str(mutant)!r})\n"
+    sources = [str(tmp_path / glue.name), str(tmp_path / kernels.name)]
+    return (f"from pathlib import Path\nSOURCES = [Path(p) for p in {sources!r}]\n"
             f"BUILD = Path({str(build_dir)!r})\n" + MUTANT_CHECKS)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -480,7 +481,7 @@ MIRRORED = {
         "static_cast<unsigned int>(workbook::ceil_div<int64_t>(state, block.x)),",
         "static_cast<unsigned int>(std::min(workbook::ceil_div<int64_t>(batch, block.y), "
         "kMaxGridY)));",
-        "<<<grid_for(batch, state, block), block, 0, c10::cuda::getCurrentCUDAStream()>>>(",
+        "<<<grid_for(batch, state, block), block, 0, stream>>>(",
         "const index_t s = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;",
         "if (s >= state) return;",
         "const index_t rows_per_grid = static_cast<index_t>(gridDim.y) * blockDim.y;",
@@ -563,13 +564,21 @@ def normalized(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def kernel_source(path: Path) -> str:
+    """A kernel file's text, with its kernel header's (x.cuh beside x.cu: stages 05 and 07 keep
+    their kernels and launchers there, shared with stage 08, and their ATen glue in the .cu)."""
+    header = path.with_suffix(".cuh")
+    return path.read_text() + ("\n" + header.read_text() if header.is_file() else "")
+
+
 @pytest.mark.parametrize("path", MIRRORED, ids=lambda p: p.parent.parent.name
                          if p.is_relative_to(STAGES_DIR) else p.name)
 def test_replays_quote_the_kernels(path):
-    source = normalized(path.read_text())
+    source = normalized(kernel_source(path))
     missing = [line for line in MIRRORED[path] if normalized(line) not in source]
-    assert not missing, (f"{path.name} no longer has these lines, which a replay here mirrors: "
-                         f"update the replay with the kernel:\n  " + "\n  ".join(missing))
+    assert not missing, (f"{path.name} (or its .cuh) no longer has these lines, which a replay "
+                         f"here mirrors: update the replay with the kernel:\n  "
+                         + "\n  ".join(missing))
 
 
 LLTM_MATH = ("workbook/lltm_math.h", ["workbook::sigmoid(", "workbook::elu(", "workbook::d_elu("])
@@ -589,7 +598,7 @@ CPU_KERNELS = {
 @pytest.mark.parametrize("path", SHARED_MATH, ids=lambda p: p.parent.parent.name)
 def test_kernels_share_the_math_of_the_cpu_kernels(path):
     header, calls = SHARED_MATH[path]
-    source = path.read_text()
+    source = kernel_source(path)
     assert f'#include "{header}"' in source
     missing = [call for call in calls if call not in source]
     assert not missing, f"{path.name} does not call {missing} from {header}"

@@ -119,7 +119,7 @@ def test_opcheck_backward(p):
     grad = torch.randn_like(out)
     args = (grad, named["input"], named["offset"], named["weight"], mask, named["stride"],
             named["padding"], named["dilation"], [True, True, True, bias is not None,
-                                                  mask is not None])
+                                                  mask is not None], False)
     # Not test_aot_dispatch_dynamic: no input requires grad, and the op has no derivative.
     testing.assert_opcheck(torch.ops.extops.deform_conv2d_backward.default,
                           Sample("backward", args), testing.OPCHECK_TESTS[:3])

@@ -1,13 +1,15 @@
-"""Build or install stage 07, the production `extops` library: stage 06's sources plus the CUDA
-kernels of the deformable convolution.
+"""Build or install stage 07, the `extops` library on ATen: stage 06's sources plus the CUDA
+kernels of the deformable convolution (`make install` installs stage 08's: the same kernels on the
+stable ABI).
 
     make stage 7                                           build under build/ and test
-    make install    (pip install --no-build-isolation ./stages/07_cuda_library)    import extops
+    pip install --no-build-isolation ./stages/07_cuda_library    then: import extops
 
-Why this folder holds one source file: stage 07 differs from stage 06 by
-csrc/deform_conv2d/cuda/deform_conv2d_cuda.cu alone. A copy of stage 06's schemas, CPU kernels,
-LLTM and Python package would be the same files twice, to keep in step by hand, and `diff -ru`
-against stage 06 would show nothing but that .cu file anyway; so the library is built from
+Why this folder holds one kernel file and its glue: stage 07 differs from stage 06 by
+csrc/deform_conv2d/cuda/ alone (deform_conv2d_cuda.cuh, the kernels, which stage 08 compiles too;
+deform_conv2d_cuda.cu, their ATen glue). A copy of stage 06's schemas, CPU kernels, LLTM and
+Python package would be the same files twice, to keep in step by hand, and `diff -ru` against
+stage 06 would show nothing but that folder anyway; so the library is built from
 stage 06's files where they are (../06_op_library/csrc and ../06_op_library/extops) and this
 folder's csrc/. The sources are found, not listed: every .cpp under ../06_op_library/csrc, and,
 where a CUDA toolkit is found, every .cu under ../06_op_library/csrc and ./csrc; and, as in stage

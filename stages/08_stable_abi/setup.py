@@ -1,9 +1,9 @@
-"""Build or install stage 08, the `extops` library on PyTorch's stable ABI.
+"""Build or install stage 08, the `extops` library on PyTorch's stable ABI: the production library.
 
     make stage 8                                     build under build/ and test
     make wheel                                       the wheel, in dist/ (tagged cp310-abi3)
     make abi-check                                   that one wheel's tests under two torch versions
-    pip install --no-build-isolation ./stages/08_stable_abi     then: import extops
+    make install    (pip install --no-build-isolation ./stages/08_stable_abi)    import extops
 
 Two promises make the one binary, and this file asks for both:
 
@@ -27,7 +27,11 @@ glibc's vector math, libmvec: workbook/cpu.h).
 
 Sources: every .cpp under csrc/ (the schemas and the glue), stage 06's csrc/extops.cpp (the
 module, which hands the checks' messages to Python), and the kernels, included: stage 05's
-lltm_cpu.h and stage 06's deform_conv2d_cpu.h. Python: extops/ here (its __init__ and
+lltm_cpu.h and stage 06's deform_conv2d_cpu.h. Where a CUDA toolkit is found, every .cu under
+csrc/ too (the CUDA glue), which includes stage 07's deform_conv2d_cuda.cuh; built so, the library
+links libtorch_cuda's C shims and the CUDA runtime, and loads only beside a CUDA build of torch.
+WORKBOOK_NO_CUDA=1 builds it CPU-only (`make abi-check` does: the torch it checks against is a CPU
+build). Python: extops/ here (its __init__ and
 python_keys.py) and stage 06's modules, copied into the build by build_py: the fake kernels,
 functional forms, modules and the ONNX export are stage 06's.
 """
@@ -37,12 +41,16 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-from workbook.build import compiler
+from workbook.build import compiler, toolkit
+
+found = compiler.cuda_toolkit()  # sets CUDA_HOME and TORCH_CUDA_ARCH_LIST when it finds one
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 STAGE_05, STAGE_06 = HERE.parent / "05_cuda_accessors", HERE.parent / "06_op_library"
+STAGE_07 = HERE.parent / "07_cuda_library"
 
 TORCH_TARGET = "0x020a000000000000"  # torch 2.10: TORCH_VERSION_2_10_0 in torch/csrc/stable
 # The wheel's tag: the CPython of the Py_LIMITED_API torch's BuildExtension defines (3.10).
@@ -62,22 +70,41 @@ class BuildPyWithStage06(build_py):
 
 sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp"))
 sources.append(str(STAGE_06 / "csrc" / "extops.cpp"))
-extension = CppExtension(
-    "extops._C",
-    sources,
-    include_dirs=compiler.include_dirs() + [str(STAGE_05 / "csrc"),
-                                           str(STAGE_06 / "csrc" / "deform_conv2d" / "cpu")],
-    define_macros=[("TORCH_TARGET_VERSION", TORCH_TARGET)],
-    # -fopenmp-simd: the kernels' `#pragma omp simd` loops (workbook/cpu.h), vectorised with
-    # glibc's vector exp and tanh (libmvec), no OpenMP runtime. gcc vectorises a loop that calls
-    # them only when the calls may neither set errno nor trap (-fno-math-errno,
-    # -fno-trapping-math); nothing here reads errno or traps, and NaN and inf are kept as they
-    # are (unlike -ffast-math).
-    extra_compile_args=compiler.cxx_flags() + ["-fopenmp-simd", "-fno-math-errno",
-                                               "-fno-trapping-math"],
-    extra_link_args=["-lmvec"],
-    py_limited_api=True,
-)
+cuda_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cu"))
+include_dirs = compiler.include_dirs() + [str(HERE / "csrc"), str(STAGE_05 / "csrc"),
+                                          str(STAGE_06 / "csrc" / "deform_conv2d" / "cpu"),
+                                          str(STAGE_07 / "csrc" / "deform_conv2d" / "cuda")]
+# -fopenmp-simd: the kernels' `#pragma omp simd` loops (workbook/cpu.h), vectorised with glibc's
+# vector exp and tanh (libmvec), no OpenMP runtime. gcc vectorises a loop that calls them only
+# when the calls may neither set errno nor trap (-fno-math-errno, -fno-trapping-math); nothing
+# here reads errno or traps, and NaN and inf are kept as they are (unlike -ffast-math).
+cxx_flags = compiler.cxx_flags() + ["-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"]
+macros = [("TORCH_TARGET_VERSION", TORCH_TARGET)]
+if found:
+    print(f"building extops (stable ABI) with CUDA kernels ({len(cuda_sources)} .cu files): "
+          f"{found}, for TORCH_CUDA_ARCH_LIST={compiler.cuda_arch_list()}")
+    # USE_CUDA: torch's c/shim.h declares its CUDA shims (the guard, the current stream) only so.
+    extension = CUDAExtension(
+        "extops._C",
+        sources + cuda_sources,
+        include_dirs=include_dirs,
+        define_macros=macros + [("USE_CUDA", None)],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": compiler.nvcc_flags()},
+        extra_link_args=["-lmvec"],
+        py_limited_api=True,
+    )
+else:
+    print(f"CUDA toolkit not found ({toolkit.reason()}): building extops (stable ABI) CPU-only, "
+          f"without {', '.join(cuda_sources)}")
+    extension = CppExtension(
+        "extops._C",
+        sources,
+        include_dirs=include_dirs,
+        define_macros=macros,
+        extra_compile_args=cxx_flags,
+        extra_link_args=["-lmvec"],
+        py_limited_api=True,
+    )
 
 options = compiler.setup_options(__file__)
 options["bdist_wheel"] = {"py_limited_api": PYTHON_TAG}
@@ -85,7 +112,7 @@ setup(
     name="extops",
     version="0.2.0",
     description=("Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM "
-                 "and the deformable convolution (CPU kernels)"),
+                 "and the deformable convolution"),
     packages=["extops"],
     python_requires=">=3.10",
     install_requires=["torch>=2.10"],

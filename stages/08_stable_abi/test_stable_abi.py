@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from workbook import ops, testing
-from workbook.build import stages
+from workbook.build import stages, toolkit
 from workbook.build.loader import import_stage
 from workbook.spec import dtype_name
 
@@ -55,6 +55,21 @@ def test_it_imports_no_cpp_symbol_of_libtorch_or_c10():
     shims = [s for s in symbols if s.startswith(("aoti_torch_", "torch_"))]
     # The glue calls libtorch through its C shims: the dispatcher, the library registration.
     assert {"torch_call_dispatcher", "torch_library_impl", "torch_parallel_for"} <= set(shims)
+    if has_cuda_kernels():  # and the CUDA glue its CUDA shims (stable_cuda.cuh), no c10::cuda
+        assert {"aoti_torch_create_cuda_guard", "aoti_torch_get_current_cuda_stream",
+                "aoti_torch_cuda_mm_out", "aoti_torch_cuda_addmm_out"} <= set(shims)
+
+
+def has_cuda_kernels() -> bool:
+    import torch
+
+    import_stage(STAGE)
+    return torch._C._dispatch_has_kernel_for_dispatch_key("extops::deform_conv2d", "CUDA")
+
+
+def test_cuda_kernels_are_built_where_nvcc_is_found():
+    assert has_cuda_kernels() == (not STAGE.cpu_only and toolkit.find() is not None), \
+        toolkit.reason()
 
 
 @pytest.mark.parametrize("dtype", SPEC.dtypes, ids=dtype_name)

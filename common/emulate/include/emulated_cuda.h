@@ -31,8 +31,17 @@
 // model or real concurrency.
 #pragma once
 
+// Both ABIs: a kernel file of stage 08 is compiled with TORCH_TARGET_VERSION, which refuses
+// every header of c10 and ATen; there the blocks are shared out by torch::stable::parallel_for
+// (libtorch's own at::parallel_for, through a C shim).
+#ifdef TORCH_TARGET_VERSION
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+#else
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +56,9 @@
 #include <vector>
 
 #define WORKBOOK_EMULATED_CUDA 1
+// The device's name (workbook.build.emulate.DEVICE), for code that cannot ask c10 for the name of
+// the PrivateUse1 backend: workbook/checks.h on the stable ABI.
+#define WORKBOOK_EMULATED_DEVICE_NAME "emulated_cuda"
 
 // The execution-space and optimisation keywords mean nothing to the host compiler. (`__restrict__`
 // is g++'s own keyword already; `#pragma unroll` is an unknown pragma, ignored.)
@@ -158,6 +170,12 @@ inline cudaError_t cudaGetLastError() {
   const cudaError_t error = workbook::emulate::last_error;
   workbook::emulate::last_error = cudaSuccess;
   return error;
+}
+
+// One device, number 0, always current.
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
 }
 
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
@@ -403,7 +421,11 @@ class Launch {
       if (order.parallel()) {
         // A run of blocks worth some 16k kernel-body calls: smaller grids stay on one thread.
         const auto grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / threads));
+#ifdef TORCH_TARGET_VERSION
+        torch::stable::parallel_for(0, count, grain, run_blocks);
+#else
         at::parallel_for(0, count, grain, run_blocks);
+#endif
       } else {
         run_blocks(0, count);
       }

@@ -238,6 +238,10 @@ inline std::string device_type_name(c10::DeviceType type) {
       return "cuda";
     case c10::DeviceType::Meta:
       return "meta";
+#ifdef WORKBOOK_EMULATED_DEVICE_NAME
+    case c10::DeviceType::PrivateUse1:  // the emulated CUDA device (common/emulate)
+      return WORKBOOK_EMULATED_DEVICE_NAME;
+#endif
     default:
       return "device type " + std::to_string(static_cast<int>(type));
   }

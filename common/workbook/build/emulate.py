@@ -246,9 +246,25 @@ class Plan:
         """For a whole build: the folder holding the emulated copy of the package."""
         return self.build_dir / "lib"
 
+    @property
+    def includes(self) -> tuple[Path, ...]:
+        """The include path a kernel file is compiled with, before the emulator's and the
+        workbook's: the rewritten kernel headers, then the csrc/ folders of the stage's sources
+        (as its setup.py names them, for headers such as stage 08's lltm/lltm_stable.h)."""
+        return (self.include_dir, *(d / "csrc" for d in self.stage.source_dirs))
+
+    @property
+    def include_dir(self) -> Path:
+        """The kernel headers (.cuh) of the stage's source folders, rewritten as its .cu files
+        are: first on the include path, so that a kernel file's `#include "x.cuh"` finds them."""
+        return self.build_dir / "include"
+
 
 def plan(stage: Stage) -> Plan:
-    kernels = sorted(p for folder in stage.source_dirs for p in (folder / "csrc").rglob("*.cu"))
+    # A stable-ABI stage compiles only its own .cu files (its glue); what it takes from the ATen
+    # stages are headers (the kernels, .cuh), which it includes.
+    folders = [stage.source_dir] if stage.stable_abi else stage.source_dirs
+    kernels = sorted(p for folder in folders for p in (folder / "csrc").rglob("*.cu"))
     if not kernels:
         raise ValueError(f"{stage.label} has no .cu files to emulate")
     registers = [p for p in kernels if "TORCH_LIBRARY_IMPL" in _code_mask(p.read_text())]
@@ -270,9 +286,12 @@ def _flags() -> list[str]:
 
 
 def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool,
-          library: str | None = None):
+          library: str | None = None, includes: tuple[Path, ...] = (),
+          torch_target: str | None = None):
     """Compile and load `sources`. `library`: the namespace a stage's kernel files register into
-    (OPS_NAMESPACE, which the stage's setup.py defines as its package's name)."""
+    (OPS_NAMESPACE, which the stage's setup.py defines as its package's name). `includes`: folders
+    searched first. `torch_target`: the stage's TORCH_TARGET_VERSION (a stable-ABI stage's
+    files compile only with it)."""
     from workbook.build import compiler
 
     compiler.prepare()
@@ -280,9 +299,11 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
 
     build_dir.mkdir(parents=True, exist_ok=True)
     defines = [f"-DOPS_NAMESPACE={library}"] if library else []
+    if torch_target:
+        defines.append(f"-DTORCH_TARGET_VERSION={torch_target}")
     return cpp_extension.load(
         name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
-        extra_include_paths=[str(EMULATE_INCLUDE), *compiler.include_dirs()],
+        extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE), *compiler.include_dirs()],
         extra_cflags=_flags() + defines, extra_ldflags=compiler.openmp_flags(),
         is_python_module=python_module, verbose=False)
 
@@ -380,22 +401,31 @@ def _write_sources(p: Plan) -> list[Path]:
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
         out.append(target)
+    for header in sorted(h for folder in p.stage.source_dirs for h in folder.rglob("*.cuh")):
+        target = p.include_dir / header.name
+        new = rewrite(header.read_text(), str(header.relative_to(REPO)))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.is_file() or target.read_text() != new:
+            target.write_text(new)
     return out
 
 
 def build_kernels(name: str, sources: list[Path], build_dir: Path) -> None:
     """Rewrite and compile CUDA files (`sources`, .cu) that register their own kernels, into
-    build_dir, and load the library: its kernels are then the emulated device's. The tests use
-    it for kernels of their own (a planted bug, a launch CUDA refuses)."""
+    build_dir, and load the library: its kernels are then the emulated device's. A .cuh among
+    the sources is a header they include: rewritten beside them, not compiled. The tests use it
+    for kernels of their own (a planted bug, a launch CUDA refuses)."""
     ensure_device()
     rewritten = []
     for source in sources:
-        target = build_dir / "src" / source.with_suffix(".cpp").name
+        header = source.suffix == ".cuh"
+        target = build_dir / "src" / (source.name if header else source.with_suffix(".cpp").name)
         target.parent.mkdir(parents=True, exist_ok=True)
         new = rewrite(source.read_text(), str(source))
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
-        rewritten.append(target)
+        if not header:
+            rewritten.append(target)
     _load(name, rewritten, build_dir / "objects", python_module=False)
 
 
@@ -415,13 +445,15 @@ def load_stage(stage: Stage):
     name = "emulated_" + re.sub(r"\W", "_", stage.folder)
     if not p.whole:
         _load(name, sources, p.build_dir / "objects", python_module=False,
-              library=stage.package)
+              library=stage.package, includes=p.includes,
+              torch_target=stage.torch_target_version)
         result = None
     else:
         # The stage's extension is `<package>._C`; its emulated copy sits in a package folder of
         # its own, beside the stage's Python files.
         _load("_C", sources, p.build_dir / "objects", python_module=False,
-              library=stage.package)
+              library=stage.package, includes=p.includes,
+              torch_target=stage.torch_target_version)
         package = p.lib_dir / stage.package
         package.mkdir(parents=True, exist_ok=True)
         for py in (stage.source_dir / stage.package).glob("*.py"):

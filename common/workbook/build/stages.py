@@ -115,11 +115,19 @@ class Stage:
                    for text in (path.read_text(errors="replace"),))
 
     @property
+    def torch_target_version(self) -> str | None:
+        """The TORCH_TARGET_VERSION its setup.py builds with (`TORCH_TARGET = "0x..."`: stage
+        08), or None: an ATen stage."""
+        setup = self.source_dir / "setup.py"
+        found = re.search(r'^TORCH_TARGET\s*=\s*"(0x[0-9a-fA-F]+)"', setup.read_text(), re.M) \
+            if setup.is_file() else None
+        return found.group(1) if found else None
+
+    @property
     def stable_abi(self) -> bool:
         """Whether its library is built on PyTorch's stable ABI (its setup.py sets
         TORCH_TARGET_VERSION: stage 08), where a C++ check can raise only RuntimeError."""
-        setup = self.source_dir / "setup.py"
-        return setup.is_file() and "TORCH_TARGET_VERSION" in setup.read_text()
+        return self.torch_target_version is not None
 
     @property
     def label(self) -> str:
@@ -228,8 +236,8 @@ def providing(op: str) -> list[Stage]:
 def fullest(candidates: list[Stage] | None = None) -> dict[str, Stage]:
     """Per package, the stage a tool loads when it can load one per process: the one that
     provides the most ops, the newest of those. Stages 06, 07 and 08 all build `extops`, each
-    with both ops: on the CPU that is 08 (the stable ABI), and where CUDA runs 07, the newest
-    stage with CUDA kernels (callers pass the stages that run on their device)."""
+    with both ops: that is 08 (the stable ABI), on the CPU and where CUDA runs (callers pass the
+    stages that run on their device)."""
     chosen: dict[str, Stage] = {}
     for s in candidates if candidates is not None else all_stages():
         best = chosen.get(s.package)

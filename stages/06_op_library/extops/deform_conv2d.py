@@ -175,7 +175,7 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
 
 @torch.library.register_fake("extops::deform_conv2d_backward")
 def _deform_conv2d_backward_fake(grad_output, input, offset, weight, mask, stride, padding,
-                                 dilation, output_mask):
+                                 dilation, output_mask, deterministic):
     # `bool[5]` reaches the C++ kernel as std::array<bool, 5>; the dispatcher refuses another
     # length with this message before the kernel runs.
     torch._check(len(output_mask) == 5,
@@ -235,7 +235,8 @@ def _backward(ctx, grad_output):
     if mask is None and ctx.has_mask:  # saved as None: nothing reads it, only its presence counts
         mask = _stand_in(grad_output, (offset_shape[0], offset_shape[1] // 2, *offset_shape[2:]))
     grads = torch.ops.extops.deform_conv2d_backward(grad_output, input, offset, weight, mask,
-                                                     *ctx.geometry, list(ctx.output_mask))
+                                                     *ctx.geometry, list(ctx.output_mask),
+                                                     torch.are_deterministic_algorithms_enabled())
     grad_input, grad_offset, grad_weight, grad_bias, grad_mask = (
         g if wanted else None for g, wanted in zip(grads, ctx.output_mask))
     # In the order of the forward's arguments: input, offset, weight, bias, stride, padding,

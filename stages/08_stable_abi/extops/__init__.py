@@ -16,8 +16,9 @@ targets (2.10) on, and one abi3 wheel serves every CPython from 3.10 on. What th
 not offer, autograd and autocast layers in C++, is registered from Python (extops/python_keys.py;
 the deformable convolution's autograd is Python in stage 06 already).
 
-This stage holds the CPU kernels of both ops; their CUDA kernels are stage 07's (ATen) until they
-move here.
+Every kernel of both ops is here, CPU and CUDA (where the build found nvcc): stages 05, 06 and
+07's kernel headers, compiled with this stage's glue. It is the production library `make install`
+installs.
 """
 
 import torch  # noqa: F401  (loads libtorch, whose C shims the extension library calls)

@@ -160,7 +160,8 @@ def implementations(device: str) -> list[Impl]:
 # GPU: bandwidth of the fused pointwise kernels against a copy
 
 # Bytes per (batch, state) element of the fused pointwise kernels, restated from the comments next
-# to the kernels (stages/0{4,5}_*/csrc/lltm_cuda.cu; stages 06 and 07 compile stage 05's):
+# to the kernels (stages/04_*/csrc/lltm_cuda.cu, 05_*/csrc/lltm_cuda.cuh, which stages 06 to 08
+# compile):
 #   forward:  reads gates (3 values) + old_cell (1); writes new_h + new_cell (2): 6 values
 #   backward: reads grad_h, grad_cell, new_cell, gates (3): 6; writes d_gates (3), d_old_cell (1): 4
 # times the element size (4 B in float32): 24 B forward, 40 B backward.

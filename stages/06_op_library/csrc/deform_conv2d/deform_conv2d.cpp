@@ -30,7 +30,12 @@
 // the gradients of the forward's input, offset, weight, bias and mask. output_mask says which of
 // the five are wanted, in the same order; an unwanted one, and grad_mask when mask is None, is an
 // empty tensor of shape [0] (the schema has no optional outputs), so the kernel skips its work.
-// grad_bias, when wanted, is grad_output summed over (batch, out_h, out_w).
+// grad_bias, when wanted, is grad_output summed over (batch, out_h, out_w). deterministic asks
+// for a backward whose result is the same bits run to run: the autograd formula passes
+// torch.are_deterministic_algorithms_enabled(). The CPU kernels are so in any case; the CUDA
+// kernels then sort instead of scattering with atomics (stage 07). An argument rather than a
+// read of ATen's global flag inside the kernel, because the stable ABI (stage 08) has no shim
+// for that flag: both libraries take it the same way.
 TORCH_LIBRARY_FRAGMENT(extops, m) {
   m.def(
       "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias=None,"
@@ -38,7 +43,8 @@ TORCH_LIBRARY_FRAGMENT(extops, m) {
       {at::Tag::pt2_compliant_tag});
   m.def(
       "deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor offset, Tensor weight,"
-      " Tensor? mask, int[2] stride, int[2] padding, int[2] dilation, bool[5] output_mask)"
+      " Tensor? mask, int[2] stride, int[2] padding, int[2] dilation, bool[5] output_mask,"
+      " bool deterministic)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
 }

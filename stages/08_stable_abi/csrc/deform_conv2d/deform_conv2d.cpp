@@ -13,6 +13,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(extops, m) {
       " int[2] stride=1, int[2] padding=0, int[2] dilation=1, Tensor? mask=None) -> Tensor");
   m.def(
       "deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor offset, Tensor weight,"
-      " Tensor? mask, int[2] stride, int[2] padding, int[2] dilation, bool[5] output_mask)"
+      " Tensor? mask, int[2] stride, int[2] padding, int[2] dilation, bool[5] output_mask,"
+      " bool deterministic)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }

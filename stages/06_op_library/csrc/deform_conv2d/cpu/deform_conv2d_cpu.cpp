@@ -227,7 +227,8 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& offset,
     const at::Tensor& weight, const std::optional<at::Tensor>& mask_in, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, std::array<bool, 5> output_mask) {
+    at::IntArrayRef padding, at::IntArrayRef dilation, std::array<bool, 5> output_mask,
+    bool /*deterministic: the CPU kernels are, always*/) {
   const Geometry g = workbook::deform_conv2d::check_backward_inputs(
       grad_output, input, offset, weight, mask_in, stride, padding, dilation, c10::DeviceType::CPU);
   const auto mask = defined_or_null(mask_in);

@@ -267,7 +267,8 @@ Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cpu(
     const Tensor& grad_output, const Tensor& input, const Tensor& offset, const Tensor& weight,
     const std::optional<Tensor>& mask_in, std::vector<int64_t> stride, std::vector<int64_t> padding,
-    std::vector<int64_t> dilation, std::vector<bool> output_mask) {
+    std::vector<int64_t> dilation, std::vector<bool> output_mask,
+    bool /*deterministic: the CPU kernels are, always*/) {
   const Geometry g = workbook::deform_conv2d::check_backward_inputs(
       grad_output, input, offset, weight, mask_in, stride, padding, dilation, c10::DeviceType::CPU);
   // ATen's std::array<bool, 5> checks the length as it converts the list; a std::vector does not.

@@ -30,13 +30,16 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "lltm_cpu.h"  // the kernels: stage 05's
+#include "lltm/lltm_stable.h"  // the concatenation and the backward's GEMMs
+#include "lltm_cpu.h"          // the kernels: stage 05's
 #include "workbook/lltm_checks.h"
 
 namespace {
 
 using lltm_kernels::lltm_backward_kernel;
 using lltm_kernels::lltm_forward_kernel;
+using lltm_stable::concat_columns;
+using lltm_stable::gates_backward;
 using torch::stable::Tensor;
 
 // fn(scalar_t{}) for the dtype `type`, as AT_DISPATCH_FLOATING_TYPES_AND2(kHalf, kBFloat16, ...)
@@ -58,18 +61,6 @@ void dispatch_floating(c10::ScalarType type, const Fn& fn) {
       throw std::runtime_error("lltm: no CPU kernel for dtype " + workbook::dtype_name(type));
   }
   // END EXERCISE stable-dtype-dispatch
-}
-
-// [old_h, input] along dimension 1: what at::cat does, as an empty tensor and two copies.
-Tensor concat_columns(const Tensor& old_h, const Tensor& input) {
-  const int64_t batch = old_h.size(0), state = old_h.size(1), features = input.size(1);
-  Tensor X = torch::stable::empty({batch, state + features}, old_h.scalar_type(), std::nullopt,
-                                  old_h.device());
-  Tensor left = torch::stable::narrow(X, 1, 0, state);
-  Tensor right = torch::stable::narrow(X, 1, state, features);
-  torch::stable::copy_(left, old_h);
-  torch::stable::copy_(right, input);
-  return X;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -107,7 +98,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_backward_cpu(Tensor grad
                                                                      Tensor weights) {
   workbook::lltm::check_backward_inputs(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
                                         c10::DeviceType::CPU);
-  const int64_t batch = new_cell.size(0), state = new_cell.size(1), features = input.size(1);
+  const int64_t batch = new_cell.size(0), state = new_cell.size(1);
   const auto type = gates.scalar_type();
   const auto device = gates.device();
   const Tensor grad_h_ = torch::stable::contiguous(grad_h),
@@ -126,15 +117,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> lltm_backward_cpu(Tensor grad
         state);
   });
 
-  // Back through G = X W^T + b, as stage 05 does: one GEMM for d_X = [d_old_h, d_input], each
-  // half copied out (clone: an op's outputs must not alias one another).
-  const Tensor X = concat_columns(old_h, input);
-  Tensor d_X = torch::stable::matmul(d_gates, weights);
-  const Tensor d_weights = torch::stable::matmul(torch::stable::transpose(d_gates, 0, 1), X);
-  const int64_t rows[] = {0};
-  const Tensor d_bias = torch::stable::sum(d_gates, rows);
-  return {torch::stable::clone(torch::stable::narrow(d_X, 1, state, features)), d_weights, d_bias,
-          torch::stable::clone(torch::stable::narrow(d_X, 1, 0, state)), d_old_cell};
+  const auto [d_input, d_weights, d_bias, d_old_h] =  // the GEMMs: lltm/lltm_stable.h
+      gates_backward(d_gates, input, old_h, weights);
+  return {d_input, d_weights, d_bias, d_old_h, d_old_cell};
 }
 
 }  // namespace
