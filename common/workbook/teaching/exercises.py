@@ -853,7 +853,8 @@ def compile_carved(work: Path, s: Stage, build_dir: Path, suffixes: Sequence[str
     other files are the stage's own). Returns the files compiled; RuntimeError with the
     compiler's errors when one does not compile."""
     files = [work / e.relpath for e in find(s) if Path(e.relpath).suffix in suffixes]
-    files = sorted(set(files))
+    # A kernel header (x.cuh) is compiled through the file beside it that includes it (x.cu).
+    files = sorted({f.with_suffix(".cu") if f.suffix == ".cuh" else f for f in files})
     if not files:
         return []
     build_dir.mkdir(parents=True, exist_ok=True)
