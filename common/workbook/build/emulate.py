@@ -403,7 +403,8 @@ def _write_sources(p: Plan) -> list[Path]:
         out.append(target)
     for header in sorted(h for folder in p.stage.source_dirs for h in folder.rglob("*.cuh")):
         target = p.include_dir / header.name
-        new = rewrite(header.read_text(), str(header.relative_to(REPO)))
+        origin = str(header.relative_to(REPO) if header.is_relative_to(REPO) else header)
+        new = rewrite(header.read_text(), origin)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
