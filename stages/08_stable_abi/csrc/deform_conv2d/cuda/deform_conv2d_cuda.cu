@@ -203,11 +203,12 @@ void backward_chunks(const Geometry& g, const ChunkPlan& plan, BackwardIO& io) {
   for_each_chunk(g, plan, [&](const Chunk& ch) {
     const Shape<index_t> s = shape_of<index_t>(g, ch);
     const int64_t cols = ch.images * ch.positions;
-    // The chunk's grad_output as [O, images Pc], the GEMMs' operand (any input layout).
-    const Tensor& grad_out2 = *io.grad_output_chunk;  // [O, images Pc], written as
-    Tensor grad_out4 = strided(grad_out2, 0,          // [images, O, rows, Wo]
-                               {ch.images, g.out_channels, ch.positions / g.out_w, g.out_w},
-                               {ch.positions, cols, g.out_w, 1});
+    // The chunk's grad_output as [O, images Pc], the GEMMs' operand (any input layout), written
+    // through a view of it as [images, O, rows, Wo].
+    const Tensor& grad_out2 = *io.grad_output_chunk;
+    Tensor grad_out4 =
+        strided(grad_out2, 0, {ch.images, g.out_channels, ch.positions / g.out_w, g.out_w},
+                {ch.positions, cols, g.out_w, 1});
     torch::stable::copy_(grad_out4, chunk_of(*io.grad_output, g, ch));
     if (io.grad_weight_acc && g.out_channels > 0) {
       sample_columns(s, io.input->const_data_ptr<scalar_t>(), offset, mask,
