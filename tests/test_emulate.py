@@ -32,9 +32,10 @@ def test_a_launch_becomes_a_call_and_keeps_its_lines():
     body = out.split("\n", 2)[2]  # after the include and the #line directive
     assert body.count("\n") == source.count("\n"), "the pass moved lines"
     assert "kernel<<<1, 2>>>(x) in a comment" in body
-    assert ("::workbook::emulate::launch(scale_kernel<float, int>\n"
+    assert ('::workbook::emulate::launch({"scale_kernel", false}, scale_kernel<float, int>\n'
             "      ,blocks(n), 256, 0, stream)(x, n);") in body
-    assert "::workbook::emulate::launch(other,dim3(4, 2), dim3(32, 8))(x);" in body
+    assert ('::workbook::emulate::launch({"other", false}, other,dim3(4, 2), dim3(32, 8))(x);'
+            in body)
     assert out.splitlines()[1] == '#line 1 "k.cu"'
 
 
@@ -48,14 +49,55 @@ def test_cuda_as_a_place_to_run_becomes_the_emulated_device():
     assert "c10::kPrivateUse1" in out and "CUDA" not in out.split("\n", 2)[2]
 
 
-@pytest.mark.parametrize("construct", ["__syncthreads()", "__shared__ float tile[256];",
-                                       "__shfl_down_sync(0xffffffff, v, 1)",
-                                       "__ballot_sync(0xffffffff, p)"])
-def test_what_cannot_run_one_thread_at_a_time_is_refused_by_name(construct):
-    source = (f"__global__ void k(float* x) {{\n  // __syncthreads in a comment is fine\n"
-              f"  {construct}\n}}\n")
-    name = construct.split("(")[0].split()[0]
-    with pytest.raises(emulate.EmulationRefused, match=rf"k\.cu:3: `{name}"):
+COOPERATING = textwrap.dedent("""\
+    namespace k {
+    __device__ float warp_sum(float v) {  // __syncthreads in a comment does not count
+      for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+      return v;
+    }
+    template <typename T>
+    __global__ void __launch_bounds__(256) sum_kernel(const T* x, T* out) {
+      __shared__ float partial[8][
+          33];
+      extern __shared__ __align__(16) unsigned char scratch[];
+      partial[0][threadIdx.x] = warp_sum(x[threadIdx.x]);
+    }
+    __global__ void scale_kernel(float* x) { x[threadIdx.x] *= 2; }
+    void go(float* x) { sum_kernel<float><<<1, 256, 64>>>(x, x); scale_kernel<<<1, 2>>>(x); }
+    }  // namespace k
+    """)
+
+
+def test_a_kernel_that_calls_a_cooperating_function_cooperates():
+    names = emulate.cooperating([COOPERATING])
+    assert {"warp_sum", "sum_kernel"} <= names and "scale_kernel" not in names
+    out = emulate.rewrite(COOPERATING, "k.cu")
+    assert '::workbook::emulate::launch({"sum_kernel", true}, sum_kernel<float>,1, 256, 64)' in out
+    assert '::workbook::emulate::launch({"scale_kernel", false}, scale_kernel,1, 2)' in out
+    # Found over every file of a build: a kernel in one file, the function it calls in another.
+    calls = "__global__ void outer(float* x) { x[0] = warp_sum(x[1]); }\n"
+    assert "outer" in emulate.cooperating([COOPERATING, calls])
+    assert "outer" not in emulate.cooperating([calls])
+
+
+def test_shared_declarations_become_the_blocks_memory_and_keep_their_lines():
+    out = emulate.rewrite(COOPERATING, "k.cu")
+    body = out.split("\n", 2)[2]
+    assert body.count("\n") == COOPERATING.count("\n"), "the pass moved lines"
+    assert ("float (&partial)[8][33] = ::workbook::emulate::shared_variable<float[8][33]>([] {});"
+            in body)
+    assert "unsigned char* const scratch = ::workbook::emulate::dynamic_shared<unsigned char>();" \
+        in body
+    lines = body.splitlines()
+    assert "partial[0][threadIdx.x]" in lines[10], "the statement after it moved"
+
+
+@pytest.mark.parametrize("declaration", ["__shared__ float a[4], b[4];",
+                                         "__shared__ int count = 0;",
+                                         "extern __shared__ float buffer[64];"])
+def test_shared_declarations_cuda_would_not_take_are_refused_with_the_line(declaration):
+    source = f"__global__ void k(float* x) {{\n  // a comment\n  {declaration}\n}}\n"
+    with pytest.raises(emulate.EmulationRefused, match=r"k\.cu:3: "):
         emulate.rewrite(source, "k.cu")
 
 

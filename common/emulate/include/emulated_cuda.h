@@ -3,12 +3,14 @@
 //
 // How a .cu file runs on the CPU (workbook/emulate.py drives it):
 //   1. a source pass rewrites each launch `kernel<<<grid, block, shmem, stream>>>(args)` into
-//      `::workbook::emulate::launch(kernel, grid, block, shmem, stream)(args)`, and names the
-//      emulated device where the file names CUDA (`TORCH_LIBRARY_IMPL(ns, CUDA, m)`,
-//      c10::DeviceType::CUDA); nothing else of the file changes, and its line numbers stay;
+//      `::workbook::emulate::launch({"kernel", cooperates}, kernel, grid, block, shmem,
+//      stream)(args)`, each `__shared__` declaration into a reference to the block's shared
+//      memory, and names the emulated device where the file names CUDA
+//      (`TORCH_LIBRARY_IMPL(ns, CUDA, m)`, c10::DeviceType::CUDA); nothing else of the file
+//      changes, and its line numbers stay;
 //   2. g++ compiles the result with common/emulate/include first on the include path, so the
-//      CUDA headers the file includes (c10/cuda/CUDAGuard.h, ATen/cuda/cub.h, ...) are the small
-//      ones beside this header, which include this header;
+//      CUDA headers the file includes (c10/cuda/CUDAGuard.h, ATen/cuda/cub.h,
+//      cooperative_groups.h, ...) are the small ones beside this header, which include it;
 //   3. the library is loaded beside the stage's own, with common/emulate/runtime's device: a
 //      PyTorch device, `emulated_cuda` (PrivateUse1), whose memory is host memory.
 //
@@ -23,12 +25,25 @@
 // every run); with WORKBOOK_EMULATE_ORDER=shuffle, one CPU thread in an order shuffled from
 // WORKBOOK_EMULATE_SEED (a kernel whose result depends on who runs first then shows it).
 //
-// What it cannot emulate, and so refuses when the source pass sees it (naming the construct):
-// __syncthreads and __shared__ memory, warp shuffles and votes, cooperative groups. A kernel
-// body runs to its end before the next thread starts, so threads that wait for each other could
-// never meet. It proves a kernel's arithmetic, indexing, launch configuration and memory safety
-// (under make sanitize, ASan sees every load and store); it says nothing of speed, the memory
-// model or real concurrency.
+// Two ways to run a block's threads, chosen for each kernel by the source pass:
+//   * one at a time, each body to its end before the next starts: a kernel whose threads never
+//     wait for each other (the fast path);
+//   * as fibers that meet (emulated_cuda/block.h): a kernel that uses __syncthreads (and its
+//     _count, _and, _or), __syncwarp, __shared__ memory, warp shuffles and votes or cooperative
+//     groups, itself or in a function it calls. Each thread runs until it waits, and a barrier
+//     or warp collective lets its threads go once all it names have arrived; one that some never
+//     reach is an error that names the kernel, the block, the threads and the lines
+//     (synccheck), never a hang.
+// Under make racecheck (ThreadSanitizer) every kernel runs the second way, on one CPU thread,
+// each emulated thread a ThreadSanitizer fiber: a race between two emulated threads, on shared or
+// global memory, is reported with both lines.
+//
+// What it proves: a kernel's arithmetic, indexing, launch configuration, barriers and warp
+// collectives, memory safety (under make sanitize, ASan sees every load and store) and races
+// between its threads (under make racecheck). What it cannot: speed, the GPU's weak memory
+// ordering (a thread here sees every earlier store at once; __threadfence is a fence of the CPU
+// and ThreadSanitizer does not model fences), and real concurrency (the threads of a block take
+// turns, so code that spins waiting for another thread's store never sees it).
 #pragma once
 
 // Both ABIs: a kernel file of stage 08 is compiled with TORCH_TARGET_VERSION, which refuses
@@ -47,8 +62,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -106,6 +123,7 @@ enum cudaError_t : int {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
   cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchFailure = 719,
 };
 
 enum cudaDeviceAttr : int {
@@ -137,18 +155,20 @@ struct DeviceLimits {
 };
 
 // The error the next cudaGetLastError() returns (sticky until read, per host thread, as CUDA's),
-// and what the emulation adds to CUDA's words: which limit the launch broke.
+// and what the emulation adds to CUDA's words for the error it last set: which limit the launch
+// broke, or what synccheck found.
 inline thread_local cudaError_t last_error = cudaSuccess;
+inline thread_local cudaError_t detailed_error = cudaSuccess;
 inline thread_local std::string last_error_detail;
 
 inline void set_error(cudaError_t error, std::string detail) {
-  last_error = error;
+  last_error = detailed_error = error;
   last_error_detail = std::move(detail);
 }
 
 }  // namespace workbook::emulate
 
-inline const char* cudaGetErrorString(cudaError_t error) {
+inline const char* cuda_error_words(cudaError_t error) {
   switch (error) {
     case cudaSuccess:
       return "no error";
@@ -160,8 +180,21 @@ inline const char* cudaGetErrorString(cudaError_t error) {
       return "invalid device ordinal";
     case cudaErrorLaunchOutOfResources:
       return "too many resources requested for launch";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
   }
   return "unknown error";
+}
+
+// CUDA's words, and for the error the emulation last set, what it adds to them.
+inline const char* cudaGetErrorString(cudaError_t error) {
+  using workbook::emulate::last_error_detail;
+  if (error != workbook::emulate::detailed_error || last_error_detail.empty()) {
+    return cuda_error_words(error);
+  }
+  static thread_local std::string text;
+  text = std::string(cuda_error_words(error)) + " (emulated: " + last_error_detail + ")";
+  return text.c_str();
 }
 
 inline cudaError_t cudaPeekAtLastError() { return workbook::emulate::last_error; }
@@ -222,14 +255,11 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
 }
 
 // c10's checks, with CUDA's words and the emulation's detail after them.
-#define C10_CUDA_CHECK(EXPR)                                                          \
-  do {                                                                                \
-    const cudaError_t workbook_emulate_error = (EXPR);                                \
-    TORCH_CHECK(workbook_emulate_error == cudaSuccess,                                \
-                "CUDA error: ", cudaGetErrorString(workbook_emulate_error),           \
-                ::workbook::emulate::last_error_detail.empty() ? "" : " (emulated: ", \
-                ::workbook::emulate::last_error_detail,                               \
-                ::workbook::emulate::last_error_detail.empty() ? "" : ")");           \
+#define C10_CUDA_CHECK(EXPR)                                                        \
+  do {                                                                              \
+    const cudaError_t workbook_emulate_error = (EXPR);                              \
+    TORCH_CHECK(workbook_emulate_error == cudaSuccess,                              \
+                "CUDA error: ", cudaGetErrorString(workbook_emulate_error));        \
   } while (0)
 #define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())
 
@@ -259,48 +289,201 @@ WORKBOOK_EMULATE_MIN_MAX(double)
 
 // Atomics return the old value, as CUDA's do. Blocks may run on several host threads, so they
 // are real atomics (std::atomic_ref); 16-bit floats add through a compare-and-swap on their bits.
+// Relaxed, as CUDA's atomics are: they order nothing else (under racecheck an atomic is no
+// barrier between the plain loads and stores around it).
 template <typename T>
 inline T atomicAdd(T* address, T value) {
   if constexpr (std::is_arithmetic_v<T>) {
-    return std::atomic_ref<T>(*address).fetch_add(value);
+    return std::atomic_ref<T>(*address).fetch_add(value, std::memory_order_relaxed);
   } else {
     static_assert(sizeof(T) == 2, "atomicAdd: arithmetic types, c10::Half and c10::BFloat16");
     std::atomic_ref<uint16_t> bits(*reinterpret_cast<uint16_t*>(address));
-    uint16_t seen = bits.load();
+    uint16_t seen = bits.load(std::memory_order_relaxed);
     T old;
     for (;;) {
       std::memcpy(&old, &seen, 2);
       const T sum = static_cast<T>(static_cast<float>(old) + static_cast<float>(value));
       uint16_t wanted;
       std::memcpy(&wanted, &sum, 2);
-      if (bits.compare_exchange_weak(seen, wanted)) return old;
+      if (bits.compare_exchange_weak(seen, wanted, std::memory_order_relaxed)) return old;
     }
   }
 }
 template <typename T>
 inline T atomicExch(T* address, T value) {
-  return std::atomic_ref<T>(*address).exchange(value);
+  return std::atomic_ref<T>(*address).exchange(value, std::memory_order_relaxed);
 }
 template <typename T>
 inline T atomicCAS(T* address, T compare, T value) {
-  std::atomic_ref<T>(*address).compare_exchange_strong(compare, value);
+  std::atomic_ref<T>(*address).compare_exchange_strong(compare, value, std::memory_order_relaxed);
   return compare;  // the old value, whether or not it was swapped
 }
 template <typename T>
 inline T atomicMax(T* address, T value) {
   std::atomic_ref<T> slot(*address);
-  T seen = slot.load();
-  while (seen < value && !slot.compare_exchange_weak(seen, value)) {
+  T seen = slot.load(std::memory_order_relaxed);
+  while (seen < value && !slot.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
   return seen;
 }
 template <typename T>
 inline T atomicMin(T* address, T value) {
   std::atomic_ref<T> slot(*address);
-  T seen = slot.load();
-  while (value < seen && !slot.compare_exchange_weak(seen, value)) {
+  T seen = slot.load(std::memory_order_relaxed);
+  while (value < seen && !slot.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
   return seen;
+}
+
+// Fences: the CPU's. (A thread here sees every store at once; ThreadSanitizer does not model a
+// fence, so a protocol of flags and fences between blocks is beyond racecheck.)
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// ----------------------------------------------------------------------------------------------
+// Threads that cooperate: barriers, warp collectives, shared memory
+//
+// Each takes its caller's file and line (__builtin_FILE and __builtin_LINE as default arguments
+// are the call's), for synccheck's messages. They work in a kernel the source pass saw cooperate,
+// which runs its threads as fibers; in any other the first call is recorded, and the launch fails
+// saying so (the kernel's threads ran one at a time, so its barriers meant nothing).
+
+#include "emulated_cuda/block.h"
+
+namespace workbook::emulate {
+
+struct Misuse {
+  bool set = false;
+  const char* construct = "";
+  Site site{};
+};
+// The first such call on this CPU thread since its launch began.
+inline thread_local Misuse misuse;
+
+WORKBOOK_EMULATOR_INTERNAL inline Block* cooperating(const char* construct, Site site) {
+  const Unseen unseen;
+  Block* block = running_block;
+  if (block != nullptr && block->cooperates()) return block;
+  if (!misuse.set) misuse = Misuse{true, construct, site};
+  return nullptr;
+}
+
+template <typename T>
+inline T shuffle(Op op, unsigned mask, const T& value, int arg, int width, Site site) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kMaxShuffleBytes,
+                "a warp shuffle moves a trivially copyable value of at most 32 bytes");
+  T out = value;
+  if (Block* block = cooperating(op_name(op), site)) {
+    block->collective(op, mask, &value, &out, sizeof(T), arg, width, 0, site);
+  }
+  return out;
+}
+
+inline unsigned vote(Op op, unsigned mask, int predicate, Site site) {
+  Block* block = cooperating(op_name(op), site);
+  return block != nullptr ? block->collective(op, mask, nullptr, nullptr, 0, 0, 32, predicate, site)
+                          : 0u;
+}
+
+inline int block_barrier(Op op, int predicate, Site site) {
+  Block* block = cooperating(op_name(op), site);
+  return block != nullptr ? block->barrier(op, predicate, site) : 0;
+}
+
+// What the source pass makes of `__shared__ T name[N];`: `T (&name)[N] = shared_variable<T[N]>(
+// [] {});`. The lambda's type is unique to the declaration (and to each instance of a template
+// around it), so it keys the variable in the block's shared memory.
+template <typename T, typename Declaration>
+T& shared_variable(Declaration, const char* file = __builtin_FILE(),
+                   unsigned line = __builtin_LINE()) {
+  static const char key = 0;
+  const Site site{file, line};
+  if (Block* block = cooperating("__shared__", site)) {
+    return *static_cast<T*>(block->shared_variable(&key, sizeof(T), alignof(T), site));
+  }
+  alignas(T) static thread_local unsigned char stand_in[sizeof(T)];  // the launch fails anyway
+  return *reinterpret_cast<T*>(stand_in);
+}
+
+// What the source pass makes of `extern __shared__ T name[];`: `T* const name =
+// dynamic_shared<T>();`, the launch's dynamic shared memory (every such array starts there).
+template <typename T>
+T* dynamic_shared(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
+  Block* block = cooperating("extern __shared__", Site{file, line});
+  return block != nullptr ? static_cast<T*>(block->dynamic_shared()) : nullptr;
+}
+
+}  // namespace workbook::emulate
+
+// The parameters that take the caller's file and line, and the Site they make (also for the
+// stand-in cooperative_groups.h).
+#define WORKBOOK_EMULATE_CALLER const char *file = __builtin_FILE(), unsigned line = __builtin_LINE()
+#define WORKBOOK_EMULATE_SITE \
+  ::workbook::emulate::Site { file, line }
+
+inline void __syncthreads(WORKBOOK_EMULATE_CALLER) {
+  ::workbook::emulate::block_barrier(::workbook::emulate::Op::syncthreads, 1,
+                                     WORKBOOK_EMULATE_SITE);
+}
+inline int __syncthreads_count(int predicate, WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::block_barrier(::workbook::emulate::Op::syncthreads_count, predicate,
+                                            WORKBOOK_EMULATE_SITE);
+}
+inline int __syncthreads_and(int predicate, WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::block_barrier(::workbook::emulate::Op::syncthreads_and, predicate,
+                                            WORKBOOK_EMULATE_SITE);
+}
+inline int __syncthreads_or(int predicate, WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::block_barrier(::workbook::emulate::Op::syncthreads_or, predicate,
+                                            WORKBOOK_EMULATE_SITE);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, WORKBOOK_EMULATE_CALLER) {
+  ::workbook::emulate::vote(::workbook::emulate::Op::syncwarp, mask, 0, WORKBOOK_EMULATE_SITE);
+}
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize,
+                     WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::shuffle(::workbook::emulate::Op::shfl, mask, var, src_lane, width,
+                                      WORKBOOK_EMULATE_SITE);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
+                        WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::shuffle(::workbook::emulate::Op::shfl_up, mask, var,
+                                      static_cast<int>(delta), width, WORKBOOK_EMULATE_SITE);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
+                          WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::shuffle(::workbook::emulate::Op::shfl_down, mask, var,
+                                      static_cast<int>(delta), width, WORKBOOK_EMULATE_SITE);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize,
+                         WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::shuffle(::workbook::emulate::Op::shfl_xor, mask, var, lane_mask,
+                                      width, WORKBOOK_EMULATE_SITE);
+}
+
+inline unsigned __ballot_sync(unsigned mask, int predicate, WORKBOOK_EMULATE_CALLER) {
+  return ::workbook::emulate::vote(::workbook::emulate::Op::ballot, mask, predicate,
+                                   WORKBOOK_EMULATE_SITE);
+}
+inline int __any_sync(unsigned mask, int predicate, WORKBOOK_EMULATE_CALLER) {
+  return static_cast<int>(::workbook::emulate::vote(::workbook::emulate::Op::any, mask, predicate,
+                                                    WORKBOOK_EMULATE_SITE));
+}
+inline int __all_sync(unsigned mask, int predicate, WORKBOOK_EMULATE_CALLER) {
+  return static_cast<int>(::workbook::emulate::vote(::workbook::emulate::Op::all, mask, predicate,
+                                                    WORKBOOK_EMULATE_SITE));
+}
+// The lanes of the caller's warp that have not returned (the emulation has no notion of lanes
+// that diverged and run apart: every lane not yet returned counts as active).
+inline unsigned __activemask(WORKBOOK_EMULATE_CALLER) {
+  auto* block = ::workbook::emulate::cooperating("__activemask", WORKBOOK_EMULATE_SITE);
+  return block != nullptr ? block->active_mask() : 0u;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -350,14 +533,20 @@ inline bool launch_is_valid(dim3 grid, dim3 block, std::size_t shared_memory) {
 }
 
 // The order blocks and threads run in: WORKBOOK_EMULATE_ORDER=shuffle (seeded by
-// WORKBOOK_EMULATE_SEED, 0 by default; each launch draws a new order), in-order (one CPU
-// thread), or, unset, runs of blocks on torch's intra-op threads.
+// WORKBOOK_EMULATE_SEED, 0 by default; each launch draws a new order, of its blocks and of the
+// threads within each), in-order (one CPU thread), or, unset, runs of blocks on torch's intra-op
+// threads. Under racecheck, one CPU thread always (ThreadSanitizer cannot see how torch's
+// uninstrumented thread pool hands work over).
 class RunOrder {
  public:
   RunOrder() {
     const char* order = std::getenv("WORKBOOK_EMULATE_ORDER");
     shuffled_ = order != nullptr && std::string(order) == "shuffle";
+#if defined(__SANITIZE_THREAD__)
+    parallel_ = false;
+#else
     parallel_ = order == nullptr || *order == '\0';
+#endif
     if (shuffled_) {
       const char* seed = std::getenv("WORKBOOK_EMULATE_SEED");
       static std::atomic<uint64_t> launches{0};
@@ -373,6 +562,7 @@ class RunOrder {
   }
   bool shuffled() const { return shuffled_; }
   bool parallel() const { return parallel_; }
+  std::mt19937_64* generator() { return shuffled_ ? &rng_ : nullptr; }
 
  private:
   bool shuffled_ = false;
@@ -386,75 +576,153 @@ inline uint3 unflatten(uint64_t i, dim3 extent) {
           static_cast<unsigned int>(i / (uint64_t{extent.x} * extent.y))};
 }
 
+// Whether every kernel runs its threads as fibers: under racecheck each is a ThreadSanitizer
+// identity of its own, cooperating or not.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kEveryThreadAFiber = true;
+#else
+inline constexpr bool kEveryThreadAFiber = false;
+#endif
+
+// The first thing a launch found wrong, from whichever CPU thread found it.
+class LaunchFailure {
+ public:
+  bool found() const { return found_.load(std::memory_order_relaxed); }
+  void record(std::string what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (found_.load(std::memory_order_relaxed)) return;
+    what_ = std::move(what);
+    found_.store(true, std::memory_order_relaxed);
+  }
+  const std::string& what() const { return what_; }
+
+ private:
+  std::atomic<bool> found_{false};
+  std::mutex mutex_;
+  std::string what_;
+};
+
+inline std::string misuse_text(const Kernel& kernel, const Misuse& m) {
+  return "synccheck: kernel `" + std::string(kernel.name) + "` calls `" + m.construct +
+         "` (" + site_text(m.site) +
+         "), but the emulator's source pass did not see it cooperate, so its threads ran one at "
+         "a time and the call meant nothing. The pass (workbook/build/emulate.py) looks for such "
+         "constructs in the kernel's definition and in the functions it calls by name, in the "
+         "files it rewrites (the stage's .cu and .cuh files); launch the kernel by its own name";
+}
+
+template <typename F>
+void call_body(const void* f) {
+  (*static_cast<const F*>(f))();
+}
+
+// Every block of the grid, every thread of each: one at a time, or as fibers (the module comment).
+inline void run_grid(const Kernel& kernel, dim3 grid, dim3 block, std::size_t shared_memory,
+                     Body body) {
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  const bool fibers = kernel.cooperates || kEveryThreadAFiber;
+  RunOrder order;
+  LaunchFailure failure;
+  // The built-in variables of the CPU thread that runs blocks: written by the emulator, which
+  // ThreadSanitizer does not see (only the kernel's threads read them).
+  auto set_grid = [&]() WORKBOOK_EMULATOR_INTERNAL {
+    const Unseen unseen;
+    gridDim = grid;
+    blockDim = block;
+    misuse = Misuse{};
+  };
+  auto set_block = [&](uint64_t b) WORKBOOK_EMULATOR_INTERNAL {
+    const Unseen unseen;
+    blockIdx = unflatten(b, grid);
+  };
+  // One block, on the calling CPU thread, whose gridDim, blockDim and blockIdx are set.
+  auto run_block = [&](uint64_t b) {
+    set_block(b);
+    if (fibers) {
+      static thread_local Block runner;
+      std::string problem = runner.run(kernel, blockIdx, grid, block, shared_memory, body,
+                                       b * threads, order.generator());
+      if (!problem.empty()) failure.record(std::move(problem));
+    } else if (order.shuffled()) {
+      for (uint64_t t : order.of(threads)) {
+        threadIdx = unflatten(t, block);
+        body.call(body.self);
+      }
+    } else {
+      for (unsigned int tz = 0; tz < block.z; ++tz)
+        for (unsigned int ty = 0; ty < block.y; ++ty)
+          for (unsigned int tx = 0; tx < block.x; ++tx) {
+            threadIdx = {tx, ty, tz};
+            body.call(body.self);
+          }
+    }
+    if (misuse.set) failure.record(misuse_text(kernel, misuse));
+  };
+  auto run_blocks = [&](int64_t begin, int64_t end) {
+    set_grid();
+    for (int64_t b = begin; b < end && !failure.found(); ++b) run_block(static_cast<uint64_t>(b));
+  };
+  if (order.shuffled()) {
+    set_grid();
+    for (uint64_t b : order.of(blocks)) {
+      if (failure.found()) break;
+      run_block(b);
+    }
+  } else if (order.parallel()) {
+    // A run of blocks worth some 16k kernel-body calls: smaller grids stay on one thread.
+    const auto grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / threads));
+#ifdef TORCH_TARGET_VERSION
+    torch::stable::parallel_for(0, static_cast<int64_t>(blocks), grain, run_blocks);
+#else
+    at::parallel_for(0, static_cast<int64_t>(blocks), grain, run_blocks);
+#endif
+  } else {
+    run_blocks(0, static_cast<int64_t>(blocks));
+  }
+  acquire(&launch_end_object);
+  if (failure.found()) {
+    // Said at once, too: a launch whose error nobody asks for must not pass in silence.
+    std::fprintf(stderr, "[emulate] %s\n", failure.what().c_str());
+    set_error(cudaErrorLaunchFailure, failure.what());
+  }
+}
+
 template <typename... Params>
 class Launch {
  public:
-  Launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_memory)
+  Launch(Kernel kernel, void (*function)(Params...), dim3 grid, dim3 block,
+         std::size_t shared_memory)
       : kernel_(kernel),
+        function_(function),
         grid_(grid),
         block_(block),
+        shared_memory_(shared_memory),
         valid_(launch_is_valid(grid, block, shared_memory)) {}
 
   // The kernel's own parameter types: the arguments convert as in a real launch.
   void operator()(Params... args) const {
     if (!valid_) return;  // the error waits for cudaGetLastError()
-    const uint64_t blocks = uint64_t{grid_.x} * grid_.y * grid_.z;
-    const uint64_t threads = uint64_t{block_.x} * block_.y * block_.z;
-    RunOrder order;
-    if (!order.shuffled()) {
-      // Blocks [begin, end) in order, on the calling CPU thread, whose gridDim and blockDim
-      // (thread_local, like the indices) are set first.
-      auto run_blocks = [&](int64_t begin, int64_t end) {
-        gridDim = grid_;
-        blockDim = block_;
-        for (int64_t b = begin; b < end; ++b) {
-          blockIdx = unflatten(static_cast<uint64_t>(b), grid_);
-          for (unsigned int tz = 0; tz < block_.z; ++tz)
-            for (unsigned int ty = 0; ty < block_.y; ++ty)
-              for (unsigned int tx = 0; tx < block_.x; ++tx) {
-                threadIdx = {tx, ty, tz};
-                kernel_(args...);
-              }
-        }
-      };
-      const auto count = static_cast<int64_t>(blocks);
-      if (order.parallel()) {
-        // A run of blocks worth some 16k kernel-body calls: smaller grids stay on one thread.
-        const auto grain = static_cast<int64_t>(std::max<uint64_t>(1, 16384 / threads));
-#ifdef TORCH_TARGET_VERSION
-        torch::stable::parallel_for(0, count, grain, run_blocks);
-#else
-        at::parallel_for(0, count, grain, run_blocks);
-#endif
-      } else {
-        run_blocks(0, count);
-      }
-      return;
-    }
-    gridDim = grid_;
-    blockDim = block_;
-    for (uint64_t b : order.of(blocks)) {
-      blockIdx = unflatten(b, grid_);
-      for (uint64_t t : order.of(threads)) {
-        threadIdx = unflatten(t, block_);
-        kernel_(args...);
-      }
-    }
+    auto body = [&] { function_(args...); };
+    run_grid(kernel_, grid_, block_, shared_memory_, Body{&call_body<decltype(body)>, &body});
   }
 
  private:
-  void (*kernel_)(Params...);
+  Kernel kernel_;
+  void (*function_)(Params...);
   dim3 grid_, block_;
+  std::size_t shared_memory_;
   bool valid_;
 };
 
-// What `kernel<<<grid, block, shared_memory, stream>>>` becomes. The stream is the current one
-// (c10::cuda::getCurrentCUDAStream() here); the emulated device runs every launch to its end
-// before returning, as if each were followed by a synchronize.
+// What `kernel<<<grid, block, shared_memory, stream>>>` becomes, with what the source pass knows
+// of the kernel. The stream is the current one (c10::cuda::getCurrentCUDAStream() here); the
+// emulated device runs every launch to its end before returning, as if each were followed by a
+// synchronize.
 template <typename... Params>
-Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+Launch<Params...> launch(Kernel kernel, void (*function)(Params...), dim3 grid, dim3 block,
                          std::size_t shared_memory = 0, cudaStream_t /*stream*/ = nullptr) {
-  return Launch<Params...>(kernel, grid, block, shared_memory);
+  return Launch<Params...>(kernel, function, grid, block, shared_memory);
 }
 
 }  // namespace workbook::emulate

@@ -6,14 +6,23 @@ construct becomes):
 
 1. `rewrite`, a source pass that keeps every line where it was: each launch
    ``kernel<<<grid, block, shmem, stream>>>(args)`` becomes
-   ``::workbook::emulate::launch(kernel, grid, block, shmem, stream)(args)``; where the file names
-   CUDA as a dispatch key or device type (``TORCH_LIBRARY_IMPL(ns, CUDA, m)``,
-   ``c10::DeviceType::CUDA``, ``is_cuda()``) it names the emulated device; a construct the
-   emulation cannot run faithfully (``__syncthreads``, ``__shared__``, warp shuffles and votes)
-   is refused here, naming it and its line. The rewritten file lands in
+   ``::workbook::emulate::launch({"kernel", cooperates}, kernel, grid, block, shmem,
+   stream)(args)``, where `cooperates` says whether the kernel, or a function it calls by name,
+   uses a barrier, shared memory, a warp shuffle or vote or cooperative groups (`cooperating`
+   finds them over every file the build rewrites); such a kernel runs its threads as fibers
+   that meet at its barriers, any other one thread at a time. Each ``__shared__ T name[N];``
+   becomes a reference to the block's shared memory (``T (&name)[N] =
+   ::workbook::emulate::shared_variable<T[N]>([] {});``) and each ``extern __shared__ T
+   name[];`` a pointer to the launch's dynamic shared memory. Where the file names CUDA as a
+   dispatch key or device type (``TORCH_LIBRARY_IMPL(ns, CUDA, m)``, ``c10::DeviceType::CUDA``,
+   ``is_cuda()``) it names the emulated device. The rewritten file lands in
    ``build/emulated/<stage>/src/``, where a reader can see it.
 2. g++ compiles it with ``common/emulate/include`` first on the include path, whose small
-   headers stand in for the CUDA ones (streams, guards, launch checks, CUB's sort and scans).
+   headers stand in for the CUDA ones (streams, guards, launch checks, CUB's sort and scans,
+   cooperative groups). The fibers switch with Boost.Context where it is installed (Debian's
+   libboost-context-dev), else with glibc's ucontext, about fifty times slower a switch
+   (``python -m workbook.build.emulate fibers`` measures both; ``WORKBOOK_EMULATE_FIBERS=ucontext``
+   forces the second).
 3. The library is loaded beside the stage's own: a file that registers its kernels itself
    (``TORCH_LIBRARY_IMPL``) is built as an add-on that registers them for the emulated device;
    a stage whose .cu files hold launchers called from a C++ front (stage 04) is built whole, as
@@ -26,16 +35,19 @@ other ATen op runs the CPU kernel on the same memory. Tensors move to it with ``
 When it is used: ``WORKBOOK_CUDA`` unset, where no GPU is visible; ``WORKBOOK_CUDA=emulate``,
 always (to compare with a GPU's run); ``WORKBOOK_CUDA=off``, never (the CUDA tests skip without
 a GPU, as before). What it proves and what it cannot: the kernels' arithmetic, indexing, launch
-configuration and, under ``make sanitize``, memory safety; not their speed, the GPU's memory model
-or real concurrency. Results on it are emulated and are labelled so (test ids say
-``emulated_cuda``); the benchmark never times it.
+configuration, barriers and warp collectives (synccheck), under ``make sanitize`` memory safety,
+and under ``make racecheck`` (workbook.net.racecheck) races between emulated threads; not their
+speed, the GPU's weak memory ordering or real concurrency. Results on it are emulated and are
+labelled so (test ids say ``emulated_cuda``); the benchmark never times it.
 
     python -m workbook.build.emulate rewrite FILE.cu     print what the source pass makes of a file
     python -m workbook.build.emulate build 7             build stage 7's emulated kernels
+    python -m workbook.build.emulate fibers              time a fiber switch, both mechanisms
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
 import os
 import re
@@ -52,7 +64,7 @@ RUNTIME_SOURCE = EMULATE_DIR / "runtime" / "emulated_device.cpp"
 
 
 class EmulationRefused(RuntimeError):
-    """A kernel uses a construct the emulated device cannot run faithfully; says which and where."""
+    """A source the emulated device cannot take as written; says what and where."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,19 +135,12 @@ def is_emulated(device) -> bool:
 # ----------------------------------------------------------------------------------------------
 # The source pass
 
-# Constructs that need threads of a block to run side by side, which one-body-at-a-time cannot.
-REFUSED = {
-    "__syncthreads": "a block-wide barrier",
-    "__syncwarp": "a warp barrier",
-    "__shared__": "shared memory, which threads of a block share between barriers",
-    "__shfl": "a warp shuffle",
-    "__ballot_sync": "a warp vote",
-    "__any_sync": "a warp vote",
-    "__all_sync": "a warp vote",
-    "__activemask": "a warp's active mask",
-    "cooperative_groups": "cooperative groups",
-}
-_REFUSED = re.compile(r"\b(" + "|".join(REFUSED) + r")\w*")
+# What makes threads of a block wait for each other or share memory: a kernel that uses any of
+# these, itself or through a function it calls, runs its threads as fibers (emulated_cuda.h).
+COOPERATIVE = re.compile(
+    r"\b(?:__syncthreads\w*|__syncwarp|__shared__|__shfl\w*_sync|__ballot_sync|__any_sync|"
+    r"__all_sync|__activemask|cooperative_groups|this_thread_block|tiled_partition|"
+    r"thread_block_tile)\b")
 
 # Where a CUDA file names CUDA as a place to run, it names the emulated device instead.
 _RENAMES = [
@@ -191,17 +196,140 @@ def _callee_start(code: str, end: int) -> int:
     return i
 
 
-def rewrite(text: str, origin: str = "<source>") -> str:
-    """What the emulated device compiles of a CUDA source (see the module docstring)."""
-    code = _code_mask(text)
-    for match in _REFUSED.finditer(code):
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# What may follow a function's parameter list before its body (a constructor's member
+# initialisers end in `)` too, and are taken for one: harmless, as a name only adds fibers).
+_AFTER_PARAMETERS = re.compile(r"\)\s*(?:const|volatile|noexcept|override|final|&&?|\s)*"
+                               r"(?:->[^;{}]*)?\s*$")
+
+
+def _matching_open(code: str, close: int) -> int:
+    """Where the bracket that `code[close]` closes opens (-1 when unbalanced)."""
+    pair = {")": "(", "]": "[", "}": "{"}[code[close]]
+    depth = 0
+    for i in range(close, -1, -1):
+        if code[i] == code[close]:
+            depth += 1
+        elif code[i] == pair:
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _matching_close(code: str, open_: int) -> int:
+    """Where the `{` at `open_` closes (the end of code when unbalanced)."""
+    depth = 0
+    for i in range(open_, len(code)):
+        if code[i] == "{":
+            depth += 1
+        elif code[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(code) - 1
+
+
+def functions(code: str) -> list[tuple[str, str]]:
+    """(name, text from its head to its closing brace) of every function `code` defines (comments
+    and strings masked), members of classes and functions in namespaces included: a `{` at the
+    level of the file, a namespace or a class, after a parameter list."""
+    found = []
+    i, head_start = 0, 0
+    while (brace := code.find("{", i)) >= 0:
+        before = code[head_start:brace]
+        # The head of this brace: what follows the last `;`, `{` or `}` at this level.
+        cut = max(before.rfind(";"), before.rfind("}"), before.rfind("{"))
+        head = before[cut + 1:]
+        if _AFTER_PARAMETERS.search(head) and not re.search(
+                r"\b(?:namespace|struct|class|union|enum)\b[^()]*$", head):
+            open_ = _matching_open(head, head.rfind(")"))
+            name = re.search(r"([A-Za-z_]\w*)\s*$", head[:max(open_, 0)])
+            end = _matching_close(code, brace)
+            if name:
+                found.append((name.group(1), head + code[brace:end + 1]))
+            i = head_start = end + 1  # a body's own braces are not heads
+        else:
+            i = head_start = brace + 1  # into a namespace, a class or an initialiser
+    return found
+
+
+def cooperating(texts: list[str]) -> set[str]:
+    """The names of the functions the sources define that use a construct of COOPERATIVE, or call
+    (name) one that does: a launch of a kernel by one of these names runs its threads as fibers.
+    By name, so overloads and namesakes in other scopes count too (which costs time, never
+    results)."""
+    defined = [f for text in texts for f in functions(_code_mask(text))]
+    names = {name for name, body in defined if COOPERATIVE.search(body)}
+    while True:
+        more = {name for name, body in defined
+                if name not in names and names.intersection(_IDENTIFIER.findall(body))}
+        if not more:
+            return names
+        names |= more
+
+
+def _kernel_name(callee: str) -> str:
+    """The name a launch calls its kernel by: `ns::kernel<T, 4>` is `kernel`."""
+    unqualified = callee.split("<", 1)[0].strip().split("::")[-1]
+    return unqualified.strip()
+
+
+def _depth_zero(text: str, char: str) -> bool:
+    """Whether `char` occurs in text outside (), [], <> and {}."""
+    depth = 0
+    for c in text:
+        depth += (c in "([<{") - (c in ")]>}")
+        if c == char and depth == 0:
+            return True
+    return False
+
+
+_ALIGN = re.compile(r"\b(?:__align__|alignas)\s*\((?:[^()]|\([^()]*\))*\)")
+_DECLARATOR = re.compile(r"(?P<type>.*?[\w>*&\s])\s*\b(?P<name>[A-Za-z_]\w*)\s*"
+                         r"(?P<dims>(?:\[[^\]]*\]\s*)*)", re.S)
+
+
+def _shared_edits(text: str, code: str, origin: str) -> list[tuple[int, int, str]]:
+    """The edits that turn each `__shared__` declaration into shared memory of the block (see the
+    module docstring); each keeps the lines the declaration spanned."""
+    edits = []
+    for match in re.finditer(r"\b__shared__\b", code):
         line = code.count("\n", 0, match.start()) + 1
-        name = match.group(1)
-        raise EmulationRefused(
-            f"{origin}:{line}: `{match.group(0)}` ({REFUSED[name]}) cannot run on the emulated "
-            f"CUDA device, which runs each thread's kernel body to its end before the next "
-            f"starts; test this kernel on a GPU (WORKBOOK_CUDA=off skips it here)")
-    edits = []  # (start, end, replacement), in order
+        end = code.find(";", match.end())
+        extern = re.search(r"\bextern\s*$", code[:match.start()])
+        start = extern.start() if extern else match.start()
+        declaration = _ALIGN.sub(" ", code[match.end():end]).strip()
+        if end < 0 or "=" in declaration or _depth_zero(declaration, ","):
+            raise EmulationRefused(
+                f"{origin}:{line}: the emulated device takes one `__shared__` variable per "
+                f"declaration, without an initialiser (CUDA allows none either), as in "
+                f"`__shared__ float tile[32][33];`")
+        parts = _DECLARATOR.fullmatch(declaration)
+        if parts is None:
+            raise EmulationRefused(f"{origin}:{line}: cannot read this `__shared__` declaration")
+        type_, name = " ".join(parts["type"].split()), parts["name"]
+        dims = "".join(parts["dims"].split())
+        if extern:
+            if dims != "[]":
+                raise EmulationRefused(f"{origin}:{line}: `extern __shared__` declares an array "
+                                       f"of unknown size, as in `extern __shared__ float buf[];`")
+            new = f"{type_}* const {name} = ::workbook::emulate::dynamic_shared<{type_}>()"
+        else:
+            new = (f"{type_} (&{name}){dims} = "
+                   f"::workbook::emulate::shared_variable<{type_}{dims}>([] {{}})")
+        edits.append((start, end + 1, new + ";" + "\n" * code.count("\n", start, end)))
+    return edits
+
+
+def rewrite(text: str, origin: str = "<source>", cooperative: set[str] | None = None) -> str:
+    """What the emulated device compiles of a CUDA source (see the module docstring).
+    `cooperative`: the names of the functions that cooperate, found over every file of the
+    build (`cooperating`); by default, over this one."""
+    code = _code_mask(text)
+    if cooperative is None:
+        cooperative = cooperating([text])
+    edits = _shared_edits(text, code, origin)  # (start, end, replacement)
     position = 0
     while (begin := code.find("<<<", position)) >= 0:
         close = code.find(">>>", begin + 3)
@@ -211,10 +339,13 @@ def rewrite(text: str, origin: str = "<source>") -> str:
         start = _callee_start(code, begin)
         callee = text[start:begin]
         config = text[begin + 3:close]
-        edits.append((start, close + 3, f"::workbook::emulate::launch({callee},{config})"))
+        name = _kernel_name(code[start:begin])
+        kernel = f'{{"{name}", {"true" if name in cooperative else "false"}}}'
+        edits.append((start, close + 3,
+                      f"::workbook::emulate::launch({kernel}, {callee},{config})"))
         position = close + 3
     pieces, last = [], 0
-    for start, end, replacement in edits:
+    for start, end, replacement in sorted(edits):
         pieces += [text[last:start], replacement]
         last = end
     body = "".join(pieces) + text[last:]
@@ -239,7 +370,7 @@ class Plan:
 
     @property
     def build_dir(self) -> Path:
-        return build_root() / "emulated" / self.stage.folder
+        return emulated_root() / self.stage.folder
 
     @property
     def lib_dir(self) -> Path:
@@ -274,15 +405,63 @@ def plan(stage: Stage) -> Plan:
     return Plan(stage, tuple(fronts + kernels), whole=True)
 
 
+def racecheck() -> bool:
+    """Whether this process builds and runs the emulated kernels under ThreadSanitizer
+    (``WORKBOOK_RACECHECK=1``, set by make racecheck: workbook.net.racecheck)."""
+    return os.environ.get("WORKBOOK_RACECHECK", "").strip() not in ("", "0")
+
+
+def emulated_root() -> Path:
+    """Where the emulated builds go: build/emulated/, or build/racecheck/ for the instrumented
+    ones (the same sources, other flags)."""
+    return build_root() / ("racecheck" if racecheck() else "emulated")
+
+
+def _boost_context() -> bool:
+    """Whether Boost.Context's fcontext can be compiled and linked here (header and library)."""
+    include_dirs = ["/usr/include", "/usr/local/include",
+                    *filter(None, os.environ.get("CPATH", "").split(os.pathsep))]
+    header = any((Path(d) / "boost/context/detail/fcontext.hpp").is_file() for d in include_dirs)
+    return header and ctypes.util.find_library("boost_context") is not None
+
+
+def fibers() -> str:
+    """How the emulated threads of a cooperating block switch: "boost" (Boost.Context, where
+    installed) or "ucontext" (glibc); ``WORKBOOK_EMULATE_FIBERS`` chooses."""
+    choice = os.environ.get("WORKBOOK_EMULATE_FIBERS", "").strip().lower()
+    if choice not in ("", "boost", "ucontext"):
+        raise ValueError(f"WORKBOOK_EMULATE_FIBERS must be unset, 'boost' or 'ucontext', "
+                         f"got {choice!r}")
+    if choice == "boost" and not _boost_context():
+        raise ValueError("WORKBOOK_EMULATE_FIBERS=boost, but Boost.Context is not installed "
+                         "(Debian, Ubuntu: apt install libboost-context-dev)")
+    return choice or ("boost" if _boost_context() else "ucontext")
+
+
 def _flags() -> list[str]:
     from workbook.build import compiler
 
     # -O2: every thread of a launch is a call of the kernel body. The initial-exec TLS model
     # makes blockIdx and threadIdx (thread_local) plain loads instead of a call each access.
     # OpenMP: a launch shares its blocks out with at::parallel_for (emulated_cuda.h).
-    return [*compiler.cxx_flags(), "-O2", "-ftls-model=initial-exec", "-DWORKBOOK_EMULATE_CUDA",
-            "-Wno-unknown-pragmas", *compiler.openmp_flags()] + (
-                ["-O1", "-g1"] if compiler.sanitizer_flags() else [])
+    flags = [*compiler.cxx_flags(), "-O2", "-ftls-model=initial-exec", "-DWORKBOOK_EMULATE_CUDA",
+             "-Wno-unknown-pragmas", *compiler.openmp_flags()]
+    if fibers() == "boost":
+        flags.append("-DWORKBOOK_EMULATE_FIBERS_BOOST")
+    if racecheck():
+        # ThreadSanitizer on the kernels alone (torch and the stage's own library are not
+        # instrumented; the runtime is preloaded, as for make sanitize). Line tables for the
+        # reports; -O1 keeps the stacks whole.
+        flags += ["-fsanitize=thread", "-O1", "-g1", "-fno-omit-frame-pointer"]
+    elif compiler.sanitizer_flags():
+        flags += ["-O1", "-g1"]
+    return flags
+
+
+def _ldflags() -> list[str]:
+    from workbook.build import compiler
+
+    return [*compiler.openmp_flags(), *(["-lboost_context"] if fibers() == "boost" else [])]
 
 
 def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool,
@@ -304,7 +483,7 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     return cpp_extension.load(
         name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
         extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE), *compiler.include_dirs()],
-        extra_cflags=_flags() + defines, extra_ldflags=compiler.openmp_flags(),
+        extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
         is_python_module=python_module, verbose=False)
 
 
@@ -319,7 +498,7 @@ def ensure_device() -> str:
         return DEVICE
     name_device()
     _progress("the emulated CUDA device (runtime)")
-    _load("workbook_emulated_device", [RUNTIME_SOURCE], build_root() / "emulated" / "runtime",
+    _load("workbook_emulated_device", [RUNTIME_SOURCE], emulated_root() / "runtime",
           python_module=False)
     _device_ready = True
     return DEVICE
@@ -384,6 +563,9 @@ def _progress(what: str) -> None:
 def _write_sources(p: Plan) -> list[Path]:
     """The plan's sources, the .cu files rewritten, under build/emulated/<stage>/src/ (a file is
     rewritten only when its text changes, so ninja rebuilds only what changed)."""
+    headers = sorted(h for folder in p.stage.source_dirs for h in folder.rglob("*.cuh"))
+    cooperative = cooperating([f.read_text() for f in (*p.sources, *headers)
+                               if f.suffix in (".cu", ".cuh")])
     out = []
     for source in p.sources:
         relative = next(source.relative_to(d) for d in p.stage.source_dirs
@@ -392,7 +574,7 @@ def _write_sources(p: Plan) -> list[Path]:
                                                              else source.suffix)
         text = source.read_text()
         origin = str(source.relative_to(REPO) if source.is_relative_to(REPO) else source)
-        new = rewrite(text, origin) if source.suffix == ".cu" else \
+        new = rewrite(text, origin, cooperative) if source.suffix == ".cu" else \
             f'#include "emulated_cuda.h"\n#line 1 "{origin}"\n' + text
         if source.suffix != ".cu":
             for pattern, replacement in _RENAMES:
@@ -401,10 +583,10 @@ def _write_sources(p: Plan) -> list[Path]:
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
         out.append(target)
-    for header in sorted(h for folder in p.stage.source_dirs for h in folder.rglob("*.cuh")):
+    for header in headers:
         target = p.include_dir / header.name
         origin = str(header.relative_to(REPO) if header.is_relative_to(REPO) else header)
-        new = rewrite(header.read_text(), origin)
+        new = rewrite(header.read_text(), origin, cooperative)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
@@ -418,11 +600,12 @@ def build_kernels(name: str, sources: list[Path], build_dir: Path) -> None:
     for kernels of their own (a planted bug, a launch CUDA refuses)."""
     ensure_device()
     rewritten = []
+    cooperative = cooperating([source.read_text() for source in sources])
     for source in sources:
         header = source.suffix == ".cuh"
         target = build_dir / "src" / (source.name if header else source.with_suffix(".cpp").name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        new = rewrite(source.read_text(), str(source))
+        new = rewrite(source.read_text(), str(source), cooperative)
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
         if not header:
