@@ -65,6 +65,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -402,8 +403,15 @@ T& shared_variable(Declaration, const char* file = __builtin_FILE(),
   if (Block* block = cooperating("__shared__", site)) {
     return *static_cast<T*>(block->shared_variable(&key, sizeof(T), alignof(T), site));
   }
-  alignas(T) static thread_local unsigned char stand_in[sizeof(T)];  // the launch fails anyway
-  return *reinterpret_cast<T*>(stand_in);
+  // The launch fails anyway; the kernel runs on into memory of its own. (On the heap: the
+  // library's thread_local variables must stay small, as a library loaded with dlopen gets
+  // little static TLS for the initial-exec model these are compiled with.)
+  static thread_local std::unique_ptr<std::max_align_t[]> stand_in;
+  if (!stand_in) {
+    stand_in.reset(new std::max_align_t[(sizeof(T) + sizeof(std::max_align_t) - 1) /
+                                        sizeof(std::max_align_t)]);
+  }
+  return *reinterpret_cast<T*>(stand_in.get());
 }
 
 // What the source pass makes of `extern __shared__ T name[];`: `T* const name =
@@ -640,8 +648,9 @@ inline void run_grid(const Kernel& kernel, dim3 grid, dim3 block, std::size_t sh
   auto run_block = [&](uint64_t b) {
     set_block(b);
     if (fibers) {
-      static thread_local Block runner;
-      std::string problem = runner.run(kernel, blockIdx, grid, block, shared_memory, body,
+      static thread_local std::unique_ptr<Block> runner;  // (a small thread_local: see above)
+      if (!runner) runner = std::make_unique<Block>();
+      std::string problem = runner->run(kernel, blockIdx, grid, block, shared_memory, body,
                                        b * threads, order.generator());
       if (!problem.empty()) failure.record(std::move(problem));
     } else if (order.shuffled()) {

@@ -47,6 +47,7 @@ labelled so (test ids say ``emulated_cuda``); the benchmark never times it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import dataclasses
 import os
@@ -464,6 +465,19 @@ def _ldflags() -> list[str]:
     return [*compiler.openmp_flags(), *(["-lboost_context"] if fibers() == "boost" else [])]
 
 
+@contextlib.contextmanager
+def _compilers_without_preload():
+    """The compiler runs without the sanitizer runtimes a racecheck or sanitize process preloads
+    (g++ under ThreadSanitizer's crashes); the library built then loads into this process, which
+    has them."""
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        yield
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+
+
 def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: bool,
           library: str | None = None, includes: tuple[Path, ...] = (),
           torch_target: str | None = None):
@@ -480,11 +494,13 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     defines = [f"-DOPS_NAMESPACE={library}"] if library else []
     if torch_target:
         defines.append(f"-DTORCH_TARGET_VERSION={torch_target}")
-    return cpp_extension.load(
-        name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
-        extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE), *compiler.include_dirs()],
-        extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
-        is_python_module=python_module, verbose=False)
+    with _compilers_without_preload():
+        return cpp_extension.load(
+            name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
+            extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE),
+                                 *compiler.include_dirs()],
+            extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
+            is_python_module=python_module, verbose=False)
 
 
 _device_ready = False
