@@ -39,7 +39,8 @@ STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
 	diff new-stage \
-	lint gpu-check test-template fuzz sanitize exercise verify test-exercises book book-check clean \
+	lint gpu-check test-template fuzz sanitize racecheck exercise verify test-exercises book book-check \
+	clean \
 	distclean env \
 	env-check $(STAGE_GOALS)
 
@@ -54,6 +55,8 @@ help:
 	@echo "  make sanitize    the stages' C++ built with ASan+UBSan (build/sanitize/), their tests run on it"
 	@echo "                   the default: stages with their own CPU C++, gradchecks left out (minutes);"
 	@echo "                   FULL=1: every stage, every test (most of an hour on 2 cores)"
+	@echo "  make racecheck   every stage's CUDA kernels on the emulated device under ThreadSanitizer (N: one):"
+	@echo "                   a race between two emulated threads is reported with both lines (minutes)"
 	@echo "  make diff N      the lesson of stage N: its files against the stage before, side by side in diff -u"
 	@echo "  make exercise N  your copy of stage N to write, exercises/NN_name/, its exercises as TODOs"
 	@echo "                   RESET=1: start afresh; REVEAL=name: put one solution in (REVEAL=all: every one)"
@@ -128,6 +131,12 @@ fuzz: $(ENV_READY)
 # The default is a subset that fits CI; FULL=1 checks everything (workbook.net.sanitize says what).
 sanitize: $(ENV_READY)
 	@$(PY) -m workbook.net.sanitize $(if $(filter 1 yes true,$(FULL)),--full)
+
+# The stages' CUDA kernels built for the emulated device with ThreadSanitizer into build/racecheck/,
+# every emulated thread a thread of its own to the checker, and the stages' CUDA tests run on them:
+# a race on shared or global memory fails the run with both lines (workbook.net.racecheck).
+racecheck: $(ENV_READY)
+	@$(PY) -m workbook.net.racecheck $(STAGE)
 
 # -- exercises (workbook.teaching.exercises) ------------------------------------------------
 

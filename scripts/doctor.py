@@ -158,6 +158,20 @@ def check_compiler_cache() -> None:
            "apt install ccache (or brew/conda install ccache) for fast rebuilds")
 
 
+def check_fibers() -> None:
+    """How the emulated CUDA device switches between the threads of a block that cooperate."""
+    from workbook.build import emulate
+
+    if emulate.fibers() == "boost":
+        report("OK", "fibers", "Boost.Context: the emulated device switches between a block's "
+               "threads in a few nanoseconds")
+    else:
+        report("OK", "fibers", "ucontext (Boost.Context not found): cooperating kernels run on the "
+               "emulated device, each switch a system call slower",
+               "apt install libboost-context-dev (python -m workbook.build.emulate fibers times "
+               "both)")
+
+
 def check_nvcc(torch) -> None:
     wanted = torch.version.cuda
     nvcc = shutil.which("nvcc")
@@ -410,6 +424,7 @@ def main() -> int:
     check_compiler(torch)
     check_ninja()
     check_compiler_cache()
+    check_fibers()
     if torch is not None:
         gpus = visible_gpus(torch)
         check_nvcc(torch)

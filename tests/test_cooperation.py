@@ -72,7 +72,7 @@ def line_of(source: Path, marker: str) -> int:
     return next(i for i, text in enumerate(lines, 1) if f"FAULT: {marker}" in text)
 
 
-# -- the CPU's results ------------------------------------------------------------------------------
+# -- the CPU's results -----------------------------------------------------------------------------
 
 def cases():
     """Each correct kernel's launch and what the CPU computes for it: (name, run, expected)."""
@@ -118,7 +118,7 @@ def cases():
         return [out]
 
     lane = torch.arange(128)
-    base8, base16 = lane // 8 * 8, lane // 16 * 16
+    base8 = lane // 8 * 8
     up = torch.where(lane % 16 >= 1, lane - 1, lane)
     down = torch.where(lane % 16 + 2 < 16, lane + 2, lane)
     xor = lane // 32 * 32 + (lane % 32 ^ 5)
@@ -180,7 +180,7 @@ def test_cooperating_kernels_give_the_cpus_results_in_every_order(kernels, monke
                                             f"(seed {seed}) from the first run"
 
 
-# -- synccheck ---------------------------------------------------------------------------------------
+# -- synccheck -------------------------------------------------------------------------------------
 
 PLANTED = KERNELS / "planted_faults.cu"
 
@@ -227,7 +227,7 @@ def test_a_failed_launch_leaves_the_next_one_working(kernels):
     assert sums.tolist() == [256.0, 256.0, 256.0, 232.0]
 
 
-# -- racecheck ------------------------------------------------------------------------------------------
+# -- racecheck -------------------------------------------------------------------------------------
 
 RACECHECK = textwrap.dedent("""\
     import ctypes, sys, torch
@@ -261,7 +261,11 @@ def racecheck_run() -> dict[str, str]:
     runtime = tsan_runtime()
     if not Path(runtime).is_file():
         pytest.skip("g++ has no ThreadSanitizer runtime (libtsan.so): install gcc's libtsan")
-    env = dict(os.environ, WORKBOOK_RACECHECK="1", LD_PRELOAD=runtime, OMP_NUM_THREADS="1",
+    # One sanitizer at a time: under make sanitize this run drops AddressSanitizer's runtime and
+    # flags for ThreadSanitizer's.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORKBOOK_SANITIZE", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+    env.update(WORKBOOK_RACECHECK="1", LD_PRELOAD=runtime, OMP_NUM_THREADS="1",
                TSAN_OPTIONS="report_signal_unsafe=0", WORKBOOK_EMULATE_QUIET="1")
     build = emulate.build_root() / "racecheck" / "tests" / "cooperating"
     code = RACECHECK.format(tests=str(Path(__file__).parent), build=str(build))
@@ -296,7 +300,7 @@ def test_racecheck_reports_two_threads_storing_to_one_element(racecheck_run):
     assert found[0].count(f"planted_faults.cu:{line}") == 2, found[0]
 
 
-# -- the other fiber mechanism ----------------------------------------------------------------------------
+# -- the other fiber mechanism ---------------------------------------------------------------------
 
 def test_the_ucontext_fibers_give_the_same_results(monkeypatch, tmp_path):
     """Where Boost.Context is missing, the fibers switch with ucontext: the same kernels, built

@@ -138,7 +138,8 @@ __global__ void warp_reverse(const float* x, float* out) {
   out[blockIdx.x * blockDim.x + t] = lanes[base + 31 - lane];
 }
 
-// -- launchers: each returns the launch's error code (0: cudaSuccess) ------------------------------
+// -- launchers: each returns the launch's error code (0: cudaSuccess)
+// ------------------------------
 
 extern "C" {
 

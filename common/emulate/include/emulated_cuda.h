@@ -256,11 +256,11 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
 }
 
 // c10's checks, with CUDA's words and the emulation's detail after them.
-#define C10_CUDA_CHECK(EXPR)                                                        \
-  do {                                                                              \
-    const cudaError_t workbook_emulate_error = (EXPR);                              \
-    TORCH_CHECK(workbook_emulate_error == cudaSuccess,                              \
-                "CUDA error: ", cudaGetErrorString(workbook_emulate_error));        \
+#define C10_CUDA_CHECK(EXPR)                                                 \
+  do {                                                                       \
+    const cudaError_t workbook_emulate_error = (EXPR);                       \
+    TORCH_CHECK(workbook_emulate_error == cudaSuccess,                       \
+                "CUDA error: ", cudaGetErrorString(workbook_emulate_error)); \
   } while (0)
 #define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())
 
@@ -426,7 +426,8 @@ T* dynamic_shared(const char* file = __builtin_FILE(), unsigned line = __builtin
 
 // The parameters that take the caller's file and line, and the Site they make (also for the
 // stand-in cooperative_groups.h).
-#define WORKBOOK_EMULATE_CALLER const char *file = __builtin_FILE(), unsigned line = __builtin_LINE()
+#define WORKBOOK_EMULATE_CALLER \
+  const char *file = __builtin_FILE(), unsigned line = __builtin_LINE()
 #define WORKBOOK_EMULATE_SITE \
   ::workbook::emulate::Site { file, line }
 
@@ -611,8 +612,8 @@ class LaunchFailure {
 };
 
 inline std::string misuse_text(const Kernel& kernel, const Misuse& m) {
-  return "synccheck: kernel `" + std::string(kernel.name) + "` calls `" + m.construct +
-         "` (" + site_text(m.site) +
+  return "synccheck: kernel `" + std::string(kernel.name) + "` calls `" + m.construct + "` (" +
+         site_text(m.site) +
          "), but the emulator's source pass did not see it cooperate, so its threads ran one at "
          "a time and the call meant nothing. The pass (workbook/build/emulate.py) looks for such "
          "constructs in the kernel's definition and in the functions it calls by name, in the "
@@ -651,7 +652,7 @@ inline void run_grid(const Kernel& kernel, dim3 grid, dim3 block, std::size_t sh
       static thread_local std::unique_ptr<Block> runner;  // (a small thread_local: see above)
       if (!runner) runner = std::make_unique<Block>();
       std::string problem = runner->run(kernel, blockIdx, grid, block, shared_memory, body,
-                                       b * threads, order.generator());
+                                        b * threads, order.generator());
       if (!problem.empty()) failure.record(std::move(problem));
     } else if (order.shuffled()) {
       for (uint64_t t : order.of(threads)) {

@@ -665,6 +665,45 @@ def load_stage(stage: Stage):
     return result
 
 
+FIBER_TIMING = EMULATE_DIR / "runtime" / "fiber_timing.cu"
+_TIMING_RUN = """
+import ctypes, json
+from workbook.build import emulate
+build = emulate.emulated_root() / "fiber_timing" / emulate.fibers()
+emulate.build_kernels("fiber_timing", [emulate.FIBER_TIMING], build)
+lib = ctypes.CDLL(str(build / "objects" / "fiber_timing.so"))
+for name in ("barrier_ns", "sum_threads_per_s", "copy_threads_per_s"):
+    getattr(lib, name).restype = ctypes.c_double
+print(json.dumps({"barrier_ns": min(lib.barrier_ns(256, 200) for _ in range(5)),
+                  "sum": max(lib.sum_threads_per_s(1 << 20) for _ in range(5)),
+                  "copy": max(lib.copy_threads_per_s(1 << 20) for _ in range(5))}))
+"""
+
+
+def time_fibers() -> int:
+    """Build fiber_timing.cu with each mechanism found here (in a fresh interpreter each, on one
+    CPU thread) and print what a barrier costs, best of five."""
+    mechanisms = ["boost", "ucontext"] if _boost_context() else ["ucontext"]
+    print(f"[emulate] fibers: {', '.join(mechanisms)} (one CPU thread, best of 5; "
+          f"{FIBER_TIMING.relative_to(REPO)} says what each number is)", flush=True)
+    import json
+    import subprocess
+
+    for mechanism in mechanisms:
+        env = dict(os.environ, WORKBOOK_EMULATE_FIBERS=mechanism, WORKBOOK_EMULATE_ORDER="in-order",
+                   WORKBOOK_EMULATE_QUIET="1", OMP_NUM_THREADS="1")
+        run = subprocess.run([sys.executable, "-c", _TIMING_RUN], env=env, capture_output=True,
+                             text=True)
+        if run.returncode != 0:
+            print(run.stderr[-3000:], file=sys.stderr)
+            return 1
+        r = json.loads(run.stdout.strip().splitlines()[-1])
+        print(f"  {mechanism:<9} a thread at a barrier (a switch out and back): "
+              f"{r['barrier_ns']:7.1f} ns; block reduction: {r['sum'] / 1e6:5.2f} M emulated "
+              f"threads/s; a copy that never waits: {r['copy'] / 1e6:6.1f} M/s", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -674,7 +713,10 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("file", type=Path)
     built = sub.add_parser("build", help="build (and load) a stage's emulated kernels")
     built.add_argument("stage")
+    sub.add_parser("fibers", help="time a barrier with each fiber mechanism found here")
     args = parser.parse_args(argv)
+    if args.command == "fibers":
+        return time_fibers()
     if args.command == "rewrite":
         print(rewrite(args.file.read_text(), str(args.file)))
         return 0

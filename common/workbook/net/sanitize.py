@@ -60,7 +60,8 @@ included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 
 rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536 and not
 b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
 (tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
-builds. The gradchecks are left out for time: under ASan every allocation goes through its
+builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan, each
+switch of stack told to it). The gradchecks are left out for time: under ASan every allocation goes through its
 allocator, so an op call costs about ten times more, and a full gradcheck calls the op twice per
 input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
 LLTM stage, against 10 to 16 s each without the sanitizers. They run no code that
@@ -96,11 +97,12 @@ ASAN_OPTIONS = {"detect_leaks": "0", "abort_on_error": "1"}
 UBSAN_OPTIONS = {"print_stacktrace": "1", "halt_on_error": "1", "abort_on_error": "1"}
 # The tests the default pass leaves out (a pytest -k expression); the docstring says why.
 DEFAULT_DESELECT = "not test_gradcheck and not b65536 and not b600000"
-# The repository's tests that drive the stages' C++ with hostile or random inputs, run on the
-# instrumented builds after the stages: the hostile-input matrices by default (they need the
-# default's stages), with FULL the fuzzing (short profile) and the concurrency test too (they need
-# the production stage, which FULL builds).
-RELIABILITY = ["tests/test_matrix.py"]
+# The repository's tests that drive the stages' C++ with hostile or random inputs, and the
+# emulated device's fibers, run on the instrumented builds after the stages: the hostile-input
+# matrices and the cooperating kernels by default (they need the default's stages), with FULL the
+# fuzzing (short profile) and the concurrency test too (they need the production stage, which
+# FULL builds).
+RELIABILITY = ["tests/test_matrix.py", "tests/test_cooperation.py"]
 RELIABILITY_FULL = RELIABILITY + ["tests/test_fuzz.py", "tests/test_concurrency.py"]
 # The first line of a report: ASan's "==123==ERROR: AddressSanitizer: heap-buffer-overflow ...",
 # which ends at its "SUMMARY: AddressSanitizer: ..." line; UBSan's "file.cpp:12:5: runtime error:

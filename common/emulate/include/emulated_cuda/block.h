@@ -135,8 +135,8 @@ class SharedMemory {
     // addresses (on a GPU each block has shared memory of its own), and what the CPU thread wrote
     // here (the 0xff fill) is ordered before the block's threads by their start (start_object).
     arena_size_ = kSyncBytes + kStaticSharedLimit + round_up(dynamic_bytes, 64);
-    void* arena = mmap(nullptr, arena_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+    void* arena =
+        mmap(nullptr, arena_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) fatal("no memory for a block's shared memory");
     arena_ = static_cast<char*>(arena);
     std::memset(arena_ + kSyncBytes, 0xff, arena_size_ - kSyncBytes);
@@ -160,9 +160,9 @@ class SharedMemory {
     dynamic_ = nullptr;
   }
 
-  void* dynamic() const { return dynamic_; }
-  std::size_t dynamic_bytes() const { return dynamic_bytes_; }
-  std::size_t static_bytes() const { return static_bytes_; }
+  WORKBOOK_EMULATOR_INTERNAL void* dynamic() const { return dynamic_; }
+  WORKBOOK_EMULATOR_INTERNAL std::size_t dynamic_bytes() const { return dynamic_bytes_; }
+  WORKBOOK_EMULATOR_INTERNAL std::size_t static_bytes() const { return static_bytes_; }
 
   // The variable declared where `key` names (one key per declaration and template instance):
   // the block's, allocated by the first thread that reaches it. Null, with `refusal` set, where
@@ -201,9 +201,9 @@ class SharedMemory {
 
   // ThreadSanitizer's synchronisation objects of the block: where a thread's start, the block's
   // barrier and each group of lanes' __syncwarp release and acquire (fresh for each block).
-  void* start_object() { return sync_slot(0); }
-  void* barrier_object() { return sync_slot(1); }
-  void* warp_object(unsigned warp, unsigned first_lane) {
+  WORKBOOK_EMULATOR_INTERNAL void* start_object() { return sync_slot(0); }
+  WORKBOOK_EMULATOR_INTERNAL void* barrier_object() { return sync_slot(1); }
+  WORKBOOK_EMULATOR_INTERNAL void* warp_object(unsigned warp, unsigned first_lane) {
     return sync_slot(2 + warp * 32 + first_lane);
   }
 
@@ -220,11 +220,11 @@ class SharedMemory {
   static std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 #if defined(__SANITIZE_THREAD__)
-  void* sync_slot(std::size_t i) { return arena_ + 8 * i; }
+  WORKBOOK_EMULATOR_INTERNAL void* sync_slot(std::size_t i) { return arena_ + 8 * i; }
   char* arena_ = nullptr;
   std::size_t arena_size_ = 0, used_ = 0;
 #else
-  void* sync_slot(std::size_t i) { return &sync_[std::min<std::size_t>(i, 1)]; }
+  WORKBOOK_EMULATOR_INTERNAL void* sync_slot(std::size_t i) { return &sync_[i < 1 ? i : 1]; }
   char sync_[2] = {};
   // Each variable its own allocation, filled with 0xff: AddressSanitizer puts a red zone around it.
   static void* allocate(std::size_t size, std::size_t align) {
@@ -267,9 +267,9 @@ class Block {
   // A warp collective among the lanes `mask` names: `value` (value_size bytes) is this lane's
   // contribution to a shuffle; `out` receives what the lane reads. `arg` is the shuffle's
   // source lane, delta or lane mask; `width` its segment. Returns the vote for ballot, any, all.
-  WORKBOOK_EMULATOR_INTERNAL unsigned collective(Op op, unsigned mask, const void* value,
-                                                 void* out, std::size_t value_size, int arg,
-                                                 int width, int predicate, Site site);
+  WORKBOOK_EMULATOR_INTERNAL unsigned collective(Op op, unsigned mask, const void* value, void* out,
+                                                 std::size_t value_size, int arg, int width,
+                                                 int predicate, Site site);
 
   // The lanes of this thread's warp that have not returned.
   WORKBOOK_EMULATOR_INTERNAL unsigned active_mask() const;
@@ -295,7 +295,7 @@ class Block {
   [[noreturn]] WORKBOOK_EMULATOR_INTERNAL void fail(const char* construct, Site site,
                                                     Problem problem, unsigned detail = 0);
 
-  bool cooperates() const { return kernel_->cooperates; }
+  WORKBOOK_EMULATOR_INTERNAL bool cooperates() const { return kernel_->cooperates; }
 
  private:
   enum class State : uint8_t { ready, waiting, finished };
@@ -614,7 +614,7 @@ inline void Block::pass_collective(unsigned warp, unsigned mask) {
         break;
     }
     if (source >= 32 || (mask >> source & 1u) == 0) {
-      failure_ = Failure{true, false, op_name(t.op), t.site, Problem::source_not_in_mask,
+      failure_ = Failure{true,          false, op_name(t.op), t.site, Problem::source_not_in_mask,
                          warp * 32 + l, source};
       return;
     }
@@ -679,8 +679,8 @@ inline std::string lanes_text(unsigned mask) {
     }
     unsigned end = l;
     while (end + 1 < 32 && (mask >> (end + 1) & 1u) != 0) ++end;
-    out += (out.empty() ? "" : ", ") + std::to_string(l) +
-           (end > l ? ".." + std::to_string(end) : "");
+    out +=
+        (out.empty() ? "" : ", ") + std::to_string(l) + (end > l ? ".." + std::to_string(end) : "");
     l = end + 1;
   }
   return out;

@@ -106,9 +106,9 @@ class Stack {
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
 
-  char* bottom() const { return base_ + page_; }  // the lowest usable byte
-  char* top() const { return base_ + page_ + usable_; }
-  std::size_t size() const { return usable_; }
+  WORKBOOK_EMULATOR_INTERNAL char* bottom() const { return base_ + page_; }  // lowest usable byte
+  WORKBOOK_EMULATOR_INTERNAL char* top() const { return base_ + page_ + usable_; }
+  WORKBOOK_EMULATOR_INTERNAL std::size_t size() const { return usable_; }
 
   // After a fiber was abandoned in the middle of its kernel (a block that failed synccheck),
   // AddressSanitizer still holds the poison of its live frames: clear it before the stack is
@@ -254,7 +254,7 @@ class Fiber {
     arrived();
   }
 
-  bool finished() const { return finished_; }
+  WORKBOOK_EMULATOR_INTERNAL bool finished() const { return finished_; }
 
  private:
   // What every switch into the fiber ends with: AddressSanitizer learns the scheduler's stack.
