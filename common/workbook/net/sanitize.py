@@ -60,9 +60,9 @@ included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 
 rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536 and not
 b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
 (tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
-builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan, each
-switch of stack told to it). The gradchecks are left out for time: under ASan every allocation goes through its
-allocator, so an op call costs about ten times more, and a full gradcheck calls the op twice per
+builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan,
+each switch of stack told to it). The gradchecks are left out for time: under ASan every
+allocation goes through its allocator, so an op call costs about ten times more, and a full gradcheck calls the op twice per
 input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
 LLTM stage, against 10 to 16 s each without the sanitizers. They run no code that
 test_against_reference does not also run (forward and backward of every case in every dtype,
