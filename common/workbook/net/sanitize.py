@@ -62,8 +62,8 @@ b600000"``; the same launches run at smaller sizes), then the hostile-input matr
 (tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
 builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan,
 each switch of stack told to it). The gradchecks are left out for time: under ASan every
-allocation goes through its allocator, so an op call costs about ten times more, and a full gradcheck calls the op twice per
-input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
+allocation goes through its allocator, so an op call costs about ten times more, and a full
+gradcheck calls the op twice per input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
 LLTM stage, against 10 to 16 s each without the sanitizers. They run no code that
 test_against_reference does not also run (forward and backward of every case in every dtype,
 gradients compared with the float64 reference). The stages alone took 5.5 minutes on a 2-core
