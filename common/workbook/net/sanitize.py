@@ -63,8 +63,9 @@ b600000"``; the same launches run at smaller sizes), then the hostile-input matr
 builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan,
 each switch of stack told to it). The gradchecks are left out for time: under ASan every
 allocation goes through its allocator, so an op call costs about ten times more, and a full
-gradcheck calls the op twice per input element (the numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each
-LLTM stage, against 10 to 16 s each without the sanitizers. They run no code that
+gradcheck calls the op twice per input element (the numerical Jacobian): they took 345 s of
+stage 06's 412, and about 75 s in each LLTM stage, against 10 to 16 s each without the
+sanitizers. They run no code that
 test_against_reference does not also run (forward and backward of every case in every dtype,
 gradients compared with the float64 reference). The stages alone took 5.5 minutes on a 2-core
 machine (350 CPU s), the matrices 1.5 more. FULL=1 runs every test; adds a just-in-time stage (03:
