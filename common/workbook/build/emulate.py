@@ -20,8 +20,8 @@ construct becomes):
 2. g++ compiles it with ``common/emulate/include`` first on the include path, whose small
    headers stand in for the CUDA ones (streams, guards, launch checks, CUB's sort and scans,
    cooperative groups). The fibers switch with Boost.Context where it is installed (Debian's
-   libboost-context-dev), else with glibc's ucontext, about fifty times slower a switch
-   (``python -m workbook.build.emulate fibers`` measures both; ``WORKBOOK_EMULATE_FIBERS=ucontext``
+   libboost-context-dev), else with glibc's ucontext, each of whose switches is a system call
+   (``python -m workbook.build.emulate fibers`` times both; ``WORKBOOK_EMULATE_FIBERS=ucontext``
    forces the second).
 3. The library is loaded beside the stage's own: a file that registers its kernels itself
    (``TORCH_LIBRARY_IMPL``) is built as an add-on that registers them for the emulated device;
