@@ -64,7 +64,7 @@ help:
 	@echo "  make verify N    build your copy of stage N and run the stage's tests on it"
 	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
-	@echo "  make bench-abi   the stable ABI's cost: stage 08's extops against stage 07's, interleaved"
+	@echo "  make bench-abi   the stable ABI's cost: stage 09's extops against stage 07's, interleaved"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
@@ -75,7 +75,7 @@ help:
 	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
 	@echo "  make gpu-check   on a GPU machine: build, test, sanitize and time the CUDA stages (OUT=dir)"
 	@echo "  make install     pip-install the production library into this Python"
-	@echo "  make wheel       the stable-ABI library (stage 8) as one abi3 wheel, in dist/"
+	@echo "  make wheel       the stable-ABI library (stage 9) as one abi3 wheel, in dist/"
 	@echo "  make abi-check   that wheel, built once, tested under two torch versions (TORCH=2.x.y)"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
@@ -175,7 +175,7 @@ bench: $(ENV_READY)
 	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
 	@$(if $(OP),,$(PY) $(REPO)/bench/stable_abi.py $(if $(findstring --smoke,$(BENCH_ARGS)),--smoke))
 
-# What the stable ABI costs: stage 08's extops against stage 07's, timed in turn in two processes.
+# What the stable ABI costs: stage 09's extops against stage 07's, timed in turn in two processes.
 bench-abi: $(ENV_READY)
 	@$(PY) -m workbook.build 7
 	@$(PY) -m workbook.build 8
@@ -218,10 +218,10 @@ lab: $(ENV_READY)
 install: $(ENV_READY)
 	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.build.stages --production)"
 
-# The stable-ABI library (stage 08) as a wheel, in dist/: one build for every torch from 2.10 and
+# The stable-ABI library (stage 09) as a wheel, in dist/: one build for every torch from 2.10 and
 # every CPython from 3.10 (tagged cp310-abi3).
 wheel: $(ENV_READY)
-	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/08_stable_abi
+	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/09_stable_abi
 	@ls -1 $(REPO)/dist/*.whl
 
 # That wheel, built once, tested under the pinned torch and under torch 2.13.0 (TORCH=2.x.y for

@@ -1,4 +1,4 @@
-"""What the stable ABI costs: stage 08's extops against stage 07's, the same ops, interleaved.
+"""What the stable ABI costs: stage 09's extops against stage 07's, the same ops, interleaved.
 
 Run card
   make bench-abi                               (make bench runs it too, after bench/run.py)
@@ -12,11 +12,11 @@ memory and threads landed: measured here, up to 1.3x on the same library): this 
 for a measurement in turn, one measurement of every case per round, who goes first alternating,
 so both see the same machine at nearly the same moment.
 Each measurement is the median of a few calls after warm-up calls; the report gives, per case,
-each stage's median over the rounds and the ratio 07 / 08 (above 1: stage 08 is faster) with its
+each stage's median over the rounds and the ratio 07 / 09 (above 1: stage 09 is faster) with its
 spread over the rounds (lowest and highest round's ratio), which is the noise.
 
 Before timing, both workers compute every case on the same inputs (seeded) and this process
-compares the results: stage 08 must agree with stage 07 (float32, the descriptor's tolerance
+compares the results: stage 09 must agree with stage 07 (float32, the descriptor's tolerance
 against float64 is far looser than what is asked here: 1e-4 relative).
 
 The cases, CPU, float32:
@@ -24,7 +24,7 @@ The cases, CPU, float32:
                  mask, bias): forward, and forward + backward (every gradient), at 1 and 2 threads
   lltm           the tutorial's batch 16 (features 32, state 128) and batch 4096: forward, and
                  forward + backward. Stage 07 runs the LLTM's autograd in C++ (a
-                 torch::autograd::Function), stage 08 from Python (torch.library.register_autograd):
+                 torch::autograd::Function), stage 09 from Python (torch.library.register_autograd):
                  at batch 16 the difference is mostly that per-call cost.
 """
 
@@ -41,7 +41,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STAGES = (7, 8)  # (the ATen library, the stable one)
+
+
+def compared() -> tuple[int, int]:
+    """(the ATen library's stage, the stable one's): the stage on the stable ABI, and the newest
+    other stage that builds its package (found on disk, as make finds stages)."""
+    from workbook.build import stages
+
+    stable = next(s for s in stages.all_stages() if s.stable_abi)
+    aten = max((s for s in stages.all_stages() if s.package == stable.package and not s.stable_abi),
+               key=lambda s: s.number)
+    return aten.number, stable.number
+
+
+STAGES = compared()  # (the ATen library, the stable one)
+ATEN, STABLE = (f"{n:02d}" for n in STAGES)
 
 
 def cases(smoke: bool) -> list[dict]:
@@ -182,19 +196,21 @@ def agree(a: list, b: list, rtol: float = 1e-4) -> float:
         scale = max(x.abs().max().item(), 1e-30)
         worst = max(worst, (x - y).abs().max().item() / scale)
     if worst > rtol:
-        raise SystemExit(f"[bench-abi] stage 08 disagrees with stage 07: relative difference "
+        raise SystemExit(f"[bench-abi] stage {STABLE} disagrees with stage {ATEN}: relative "
+                         f"difference "
                          f"{worst:.2e} > {rtol:.0e}")
     return worst
 
 
 def render(report: dict) -> str:
-    lines = ["# What the stable ABI costs: stage 08 against stage 07", "",
+    lines = [f"# What the stable ABI costs: stage {STABLE} against stage {ATEN}", "",
              f"{report['machine']}, torch {report['torch']}, commit {report['commit']}, "
              f"{report['rounds']} rounds, float32, CPU. Produced by `make bench-abi` "
              f"(bench/stable_abi.py: two worker processes, one per stage, timed in turn).", "",
-             "Ratio = stage 07's time / stage 08's (above 1: the stable build is faster); "
-             "noise = the lowest and highest ratio of a single round.", "",
-             "| case | stage 07 (ATen) | stage 08 (stable) | ratio 07/08 | noise |",
+             f"Ratio = stage {ATEN}'s time / stage {STABLE}'s (above 1: the stable build is "
+             "faster); noise = the lowest and highest ratio of a single round.", "",
+             f"| case | stage {ATEN} (ATen) | stage {STABLE} (stable) | ratio {ATEN}/{STABLE} | "
+             "noise |",
              "|---|--:|--:|--:|--:|"]
     for row in report["cases"]:
         lines.append(f"| {row['case']} | {row['ms'][0]:.3f} ms | {row['ms'][1]:.3f} ms | "
@@ -229,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers:
             w.close()
-    print(f"[bench-abi] stages 07 and 08 agree on every case (largest relative difference "
+    print(f"[bench-abi] stages {ATEN} and {STABLE} agree on every case (largest relative difference "
           f"{worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh pair of "
           f"worker processes each round ...", flush=True)
     times = {label(c): ([], []) for c in all_cases}
@@ -259,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                          statistics.median(stable) * 1e3],
                      "ratio": statistics.median(aten) / statistics.median(stable),
                      "ratio_low": min(ratios), "ratio_high": max(ratios),
-                     "seconds": {"07": aten, "08": stable}})
+                     "seconds": {ATEN: aten, STABLE: stable}})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()
     report = {"machine": f"{platform.processor() or platform.machine()}, "

@@ -184,7 +184,7 @@ class BadInput:
 
 def raised_as(error: BaseException) -> tuple[type[BaseException], str]:
     """The class an op's error means and its message. Mostly the error's own; but a library on
-    the stable ABI (stage 08) cannot raise c10's ValueError and TypeError from C++, so its checks
+    the stable ABI (stage 09) cannot raise c10's ValueError and TypeError from C++, so its checks
     raise RuntimeError with the class first in the message, "[ValueError] lltm: ..."
     (workbook/checks.h): that is read as the class it names. (Its functional forms raise the
     class itself: extops/errors.py.)"""

@@ -1,12 +1,12 @@
-// Stage 08: the LLTM ops on the CPU, on the stable ABI: stage 05's kernels, new glue.
+// Stage 09: the LLTM ops on the CPU, on the stable ABI: stage 05's kernels, new glue.
 //
 // Run card
-//   build + test:  make stage 8
+//   build + test:  make stage 9
 //   the kernels:   stage 05's lltm_cpu.h, compiled here as they are; on this ABI without at::vec:
 //                  their loop is vectorised by the compiler, with glibc's vector exp and tanh
 //                  (workbook/cpu.h says why and how; the README measures it)
 //
-// What changes against stage 05's lltm_cpu.cpp (`make diff 8` shows it line by line):
+// What changes against stage 05's lltm_cpu.cpp (`make diff 9` shows it line by line):
 //
 //   at::Tensor                        torch::stable::Tensor: a handle to libtorch's tensor, read
 //                                     and written through C functions (aoti_torch_get_dim, ...)
