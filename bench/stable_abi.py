@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers:
             w.close()
-    print(f"[bench-abi] stages {ATEN} and {STABLE} agree on every case (largest relative difference "
-          f"{worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh pair of "
+    print(f"[bench-abi] stages {ATEN} and {STABLE} agree on every case (largest relative "
+          f"difference {worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh pair of "
           f"worker processes each round ...", flush=True)
     times = {label(c): ([], []) for c in all_cases}
     for r in range(rounds):
