@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             w.close()
     print(f"[bench-abi] stages {ATEN} and {STABLE} agree on every case (largest relative "
-          f"difference {worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh pair of "
-          f"worker processes each round ...", flush=True)
+          f"difference {worst:.1e}); timing {len(all_cases)} cases x {rounds} rounds, a fresh "
+          f"pair of worker processes each round ...", flush=True)
     times = {label(c): ([], []) for c in all_cases}
     for r in range(rounds):
         # Fresh processes every round: one process can stay slower than another for its whole
