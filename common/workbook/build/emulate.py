@@ -392,17 +392,28 @@ class Plan:
         return self.build_dir / "include"
 
 
+def _sources(folders: list[Path], pattern: str) -> list[Path]:
+    """The files matching `pattern` under each folder's csrc/, a stage's own folder first: its
+    file replaces one of the same path in a folder it takes sources from (stage 08's
+    lltm_cuda.cu, stage 05's), as its setup.py compiles it instead."""
+    found: dict[Path, Path] = {}
+    for folder in folders:
+        for path in sorted((folder / "csrc").rglob(pattern)):
+            found.setdefault(path.relative_to(folder / "csrc"), path)
+    return sorted(found.values())
+
+
 def plan(stage: Stage) -> Plan:
     # A stable-ABI stage compiles only its own .cu files (its glue); what it takes from the ATen
     # stages are headers (the kernels, .cuh), which it includes.
     folders = [stage.source_dir] if stage.stable_abi else stage.source_dirs
-    kernels = sorted(p for folder in folders for p in (folder / "csrc").rglob("*.cu"))
+    kernels = _sources(folders, "*.cu")
     if not kernels:
         raise ValueError(f"{stage.label} has no .cu files to emulate")
     registers = [p for p in kernels if "TORCH_LIBRARY_IMPL" in _code_mask(p.read_text())]
     if len(registers) == len(kernels):
         return Plan(stage, tuple(kernels), whole=False)
-    fronts = sorted(p for folder in stage.source_dirs for p in (folder / "csrc").rglob("*.cpp"))
+    fronts = _sources(stage.source_dirs, "*.cpp")
     return Plan(stage, tuple(fronts + kernels), whole=True)
 
 

@@ -16,6 +16,10 @@ op's output), and returns the figure; in Jupyter the figure shows below the cell
   the offsets, the bilinear corners of every sample, one sample's blend (notebook 06);
 * `deterministic_scatter`: the backward's scatter into the input gradient: which samples write
   which pixel, and the sort by destination that gives each pixel one owner (notebook 07);
+* `tiled_matmul_loads`: which elements of A and B one block of the tiled matrix product loads
+  into shared memory at one step of its K loop, and the band it walks (notebook 08);
+* `block_reduction_steps`: a block reduction's partial sums step by step: halving in shared
+  memory with a barrier after each step, then shuffles within a warp (notebook 08);
 * `symbol_mismatch`: the symbol an extension built with the other C++11 ABI asks for, next to
   the one torch exports, mangled and demangled, the difference marked (appendix A1).
 """
@@ -674,6 +678,120 @@ def deterministic_scatter(y: torch.Tensor, x: torch.Tensor, height: int, width: 
 
 # ----------------------------------------------------------------------------------------------
 # Appendix A1
+
+
+def tiled_matmul_loads(m: int, n: int, k: int, *, tile: int = 4, block: tuple[int, int] = (1, 1),
+                       step: int = 1):
+    """C [m, n] = A [m, k] B [k, n] in tiles of `tile` x `tile`: the block `block` (blockIdx.x,
+    blockIdx.y) computes C's tile in column block x, row block y. At step `step` of its K loop
+    (k0 = step x tile) each thread (tx, ty) loads A[row0 + ty][k0 + tx] and B[k0 + ty][col0 + tx]
+    into the shared tiles, as matmul_tiled_kernel does; the picture marks those elements (dark),
+    the band of A's rows and B's columns the block walks over all steps (light), and the tile of
+    C it writes. The marks are computed from the kernel's index arithmetic, thread by thread,
+    and checked against the rectangles they should fill."""
+    plt = _plt()
+    bx, by = block
+    row0, col0, k0 = by * tile, bx * tile, step * tile
+    loads_a, loads_b = torch.zeros(m, k, dtype=torch.bool), torch.zeros(k, n, dtype=torch.bool)
+    for ty in range(tile):
+        for tx in range(tile):  # the kernel's loads, out of range ones loading zeros instead
+            if row0 + ty < m and k0 + tx < k:
+                loads_a[row0 + ty, k0 + tx] = True
+            if k0 + ty < k and col0 + tx < n:
+                loads_b[k0 + ty, col0 + tx] = True
+    rows, cols, ks = (slice(row0, min(row0 + tile, m)), slice(col0, min(col0 + tile, n)),
+                      slice(k0, min(k0 + tile, k)))
+    assert loads_a.sum() == loads_a[rows, ks].numel() and loads_a[rows, ks].all()
+    assert loads_b.sum() == loads_b[ks, cols].numel() and loads_b[ks, cols].all()
+
+    def canvas(height, width, band, now, color):
+        image = torch.ones(height, width, 4)
+        image[band] = torch.tensor(_rgba(color, 0.25))
+        image[now] = torch.tensor(_rgba(color, 1.0))
+        return image
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6),
+                             gridspec_kw={"width_ratios": [k, n, n]})
+    pictures = [
+        ("A", canvas(m, k, (rows, slice(None)), loads_a, "tab:blue"), m, k),
+        ("B", canvas(k, n, (slice(None), cols), loads_b, "tab:orange"), k, n),
+        ("C", canvas(m, n, (rows, cols), (rows, cols), "tab:green"), m, n),
+    ]
+    for ax, (name, image, height, width) in zip(axes, pictures):
+        ax.imshow(image, aspect="equal")
+        _cell_grid(ax, height, width, color="#dddddd", width=0.5)
+        for edge in range(0, max(height, width) + 1, tile):  # the tile boundaries
+            if edge <= width:
+                ax.axvline(edge - 0.5, color="k", linewidth=0.8)
+            if edge <= height:
+                ax.axhline(edge - 0.5, color="k", linewidth=0.8)
+        ax.set_title(f"{name} [{height}, {width}]", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    steps = -(-k // tile)
+    fig.suptitle(f"block ({bx}, {by}): {tile} x {tile} threads; step {step} of {steps} of its K "
+                 f"loop (k0 = {k0}) loads the dark tiles of A and B into shared memory, one "
+                 f"element a thread; over all steps, the light bands; it writes C's green tile",
+                 fontsize=9, wrap=True)
+    fig.tight_layout()
+    return fig
+
+
+def block_reduction_steps(values: torch.Tensor, *, warp: int = 4):
+    """The partial sums of a block reduction over len(values) threads (a power of 2), as
+    column_sums_kernel computes them scaled down: a row per step, a column per thread. First the
+    block halves in shared memory (thread t adds slot t + half; a barrier after each step) until
+    `warp` sums remain, then the first warp adds those with shuffles (lane t adds lane
+    t + offset's register, no barrier). The arrows are the additions; the last sum is checked
+    against values.sum()."""
+    plt = _plt()
+    threads = values.numel()
+    assert threads & (threads - 1) == 0 and warp <= threads, "a power of 2 threads, warp <= it"
+    rows = [("registers, then shared memory", values.double().clone(), None)]
+    partial = values.double().clone()
+    half = threads // 2
+    while half >= warp:
+        before = partial.clone()
+        partial[:half] += before[half:2 * half]
+        rows.append((f"shared: t < {half} adds t + {half}; __syncthreads()", partial.clone(), half))
+        half //= 2
+    lanes = partial[:warp].clone()
+    offset = warp // 2
+    while offset > 0:
+        moved = torch.cat([lanes[offset:], lanes[-offset:]])  # past the end: its own value
+        lanes = lanes + moved
+        shown = partial.clone() * float("nan")
+        shown[:warp] = lanes
+        rows.append((f"warp: lane t adds __shfl_down_sync(..., {offset})", shown, -offset))
+        offset //= 2
+    assert torch.isclose(lanes[0], values.double().sum()), "the tree lost a value"
+    fig, ax = plt.subplots(figsize=(12, 0.7 * len(rows) + 1))
+    for r, (label, row, step) in enumerate(rows):
+        for t in range(threads):
+            value = row[t].item()
+            active = value == value  # not NaN
+            ax.add_patch(plt.Rectangle((t - 0.45, -r - 0.35), 0.9, 0.7,
+                                       facecolor=_rgba("tab:green" if step is not None and step < 0
+                                                       else "tab:blue", 0.6 if active else 0.05),
+                                       edgecolor="k" if active else "#dddddd", linewidth=0.5))
+            if active:
+                ax.text(t, -r, f"{value:.0f}", ha="center", va="center", fontsize=7)
+        ax.text(-0.8, -r, label, ha="right", va="center", fontsize=8)
+        if step is not None and r > 0:
+            span = step if step > 0 else -step
+            width = span if step > 0 else warp - span
+            for t in range(width):  # the additions of this step: from t + span into t
+                ax.annotate("", xy=(t, -r + 0.35), xytext=(t + span, -r + 0.65),
+                            arrowprops={"arrowstyle": "->", "color": "0.35", "linewidth": 0.6})
+        if step is not None and step > 0:
+            ax.axhline(-r - 0.5, color="tab:red", linewidth=1, linestyle="--")
+    ax.set_xlim(-12, threads)
+    ax.set_ylim(-len(rows) + 0.4, 0.6)
+    ax.axis("off")
+    ax.set_title(f"{threads} threads, a warp of {warp} lanes: sum {lanes[0].item():.0f} in "
+                 f"thread 0 (dashed red: the barriers; green: shuffles, no barrier)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _difference(a: str, b: str) -> tuple[str, str, str, str]:

@@ -9,7 +9,9 @@
 //                  autograd. No pybind11: the ops are reached as torch.ops.lltm.lltm_forward
 //                  and .lltm_backward, from Python, C++ or a compiled graph alike. (The op names
 //                  carry the op's name, as they must in stage 06's library of several ops, where
-//                  these kernels register the same names under the namespace `extops`.)
+//                  these kernels register the same names under the namespace `extops`.) The
+//                  library's name is OPS_NAMESPACE, which setup.py defines: `lltm` here, and
+//                  `lltm_coop` when stage 08 builds its library from this file.
 //
 // The kernels of both backends check their inputs with workbook/lltm_checks.h, as every LLTM
 // stage does, so a bad input gets the same message whichever backend it was sent to.
@@ -26,15 +28,15 @@
 // ----------------------------------------------------------------------------------------------
 // Schemas
 //
-// The names and signatures every backend implements. The library is named here, literally:
-// TORCH_LIBRARY may appear once per namespace in a whole process. lltm_forward returns the
+// The names and signatures every backend implements. The library is named here (OPS_NAMESPACE:
+// `lltm`): TORCH_LIBRARY may appear once per namespace in a whole process. lltm_forward returns the
 // pre-activation gates as a third output: the backward rebuilds the activations from them.
 // `gates` is internal: it is not differentiable (autograd marks it so: a loss through it gets no
 // gradient from it), and the public functional form lltm.lltm returns only (new_h, new_cell).
 // pt2_compliant_tag says the ops (with the fake kernels of lltm/ops.py) are safe to trace with
 // torch.compile.
 
-TORCH_LIBRARY(lltm, m) {
+TORCH_LIBRARY(OPS_NAMESPACE, m) {
   m.def(
       "lltm_forward(Tensor input, Tensor weights, Tensor bias, Tensor old_h, Tensor old_cell)"
       " -> (Tensor, Tensor, Tensor)",
@@ -56,6 +58,10 @@ TORCH_LIBRARY(lltm, m) {
 
 namespace {
 
+// "lltm::lltm_forward", in the library OPS_NAMESPACE names.
+#define LLTM_QUOTE(name) #name
+#define LLTM_OP_NAME(library, op) LLTM_QUOTE(library) "::" op
+
 template <c10::DeviceType device>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor& input,
                                                                 const at::Tensor& weights,
@@ -63,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor
                                                                 const at::Tensor& old_h,
                                                                 const at::Tensor& old_cell) {
   static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lltm::lltm_forward", "")
+                             .findSchemaOrThrow(LLTM_OP_NAME(OPS_NAMESPACE, "lltm_forward"), "")
                              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                  const at::Tensor&, const at::Tensor&)>();
@@ -76,11 +82,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_autocast(const at::Tensor
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lltm, AutocastCPU, m) {
+TORCH_LIBRARY_IMPL(OPS_NAMESPACE, AutocastCPU, m) {
   m.impl("lltm_forward", &forward_autocast<c10::DeviceType::CPU>);
 }
 
-TORCH_LIBRARY_IMPL(lltm, AutocastCUDA, m) {
+TORCH_LIBRARY_IMPL(OPS_NAMESPACE, AutocastCUDA, m) {
   m.impl("lltm_forward", &forward_autocast<c10::DeviceType::CUDA>);
 }
 
@@ -94,6 +100,6 @@ TORCH_LIBRARY_IMPL(lltm, AutocastCUDA, m) {
 PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module = {
       PyModuleDef_HEAD_INIT, "_C",
-      "Loads the lltm library: torch.ops.lltm.lltm_forward, .lltm_backward", -1, nullptr};
+      "Loads the library: torch.ops.<OPS_NAMESPACE>.lltm_forward, .lltm_backward", -1, nullptr};
   return PyModule_Create(&module);
 }

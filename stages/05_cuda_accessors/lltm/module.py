@@ -12,32 +12,34 @@ import operator
 
 import torch
 
-from .ops import _DTYPES, lltm
+from .ops import _DTYPES, LIBRARY, lltm
+
+_OWNER = f"{LIBRARY}.LLTM"  # how messages name the class: lltm.LLTM (lltm_coop.LLTM in stage 08)
 
 
 def _check_size_arg(name: str, value) -> int:
     """`value` as an int >= 1 (a Python or NumPy integer, not a bool), or an error naming it."""
     if isinstance(value, bool):
-        raise TypeError(f"lltm.LLTM: `{name}` must be an int, got bool {value}")
+        raise TypeError(f"{_OWNER}: `{name}` must be an int, got bool {value}")
     try:
         value = operator.index(value)
     except TypeError:
-        raise TypeError(f"lltm.LLTM: `{name}` must be an int, got {type(value).__name__} "
+        raise TypeError(f"{_OWNER}: `{name}` must be an int, got {type(value).__name__} "
                         f"{value!r}") from None
     if value < 1:
-        raise ValueError(f"lltm.LLTM: `{name}` must be >= 1, got {value}")
+        raise ValueError(f"{_OWNER}: `{name}` must be >= 1, got {value}")
     return value
 
 
 def _check_state(state) -> tuple[torch.Tensor, torch.Tensor]:
     """`state` as the pair (h, c) of tensors, or an error saying what it is instead."""
     if isinstance(state, torch.Tensor):
-        raise TypeError(f"lltm.LLTM: `state` must be a pair (h, c) of tensors, got one tensor of "
+        raise TypeError(f"{_OWNER}: `state` must be a pair (h, c) of tensors, got one tensor of "
                         f"shape {list(state.shape)}")
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         what = (f"a {type(state).__name__} of {len(state)}"
                 if isinstance(state, (tuple, list)) else type(state).__name__)
-        raise TypeError(f"lltm.LLTM: `state` must be a pair (h, c) of tensors, got {what}")
+        raise TypeError(f"{_OWNER}: `state` must be a pair (h, c) of tensors, got {what}")
     return state[0], state[1]
 
 
@@ -53,7 +55,7 @@ class LLTM(torch.nn.Module):
         input_features = _check_size_arg("input_features", input_features)
         state_size = _check_size_arg("state_size", state_size)
         if dtype is not None and dtype not in _DTYPES:
-            raise TypeError(f"lltm.LLTM: `dtype` must be torch.float64, float32, float16 or "
+            raise TypeError(f"{_OWNER}: `dtype` must be torch.float64, float32, float16 or "
                             f"bfloat16 (or None: the default dtype), got {dtype}")
         self.input_features = input_features
         self.state_size = state_size

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import torch
 
+# The library the ops live in: csrc/lltm.cpp names it by OPS_NAMESPACE, which setup.py sets to
+# this package's name (`lltm`; stage 08 builds these files as `lltm_coop`).
+LIBRARY = __package__
+
 _FORWARD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _BACKWARD_NAMES = ("grad_h", "grad_cell", "new_cell", "gates", "input", "old_h", "weights")
 
@@ -55,7 +59,7 @@ def _check_size(op: str, name: str, t, dim: int, expected, why: str) -> None:
                                f"({why}), got sizes {list(t.shape)}")
 
 
-@torch.library.register_fake("lltm::lltm_forward")
+@torch.library.register_fake(f"{LIBRARY}::lltm_forward")
 def _forward_fake(input, weights, bias, old_h, old_cell):
     # EXERCISE library-registration: the fake kernel: the C++ checks, then the empty outputs
     # checked by: test_lltm.py::test_opcheck_forward, ::test_meta_inputs_run_the_fake_kernels,
@@ -81,7 +85,7 @@ def _forward_fake(input, weights, bias, old_h, old_cell):
     # END EXERCISE library-registration
 
 
-@torch.library.register_fake("lltm::lltm_backward")
+@torch.library.register_fake(f"{LIBRARY}::lltm_backward")
 def _backward_fake(grad_h, grad_cell, new_cell, gates, input, old_h, weights):
     op = "lltm_backward"
     tensors = (grad_h, grad_cell, new_cell, gates, input, old_h, weights)
@@ -123,7 +127,7 @@ def _backward(ctx, grad_h, grad_cell, _grad_gates):
     grad_h = torch.zeros_like(new_cell) if grad_h is None else grad_h
     grad_cell = torch.zeros_like(new_cell) if grad_cell is None else grad_cell
     # Gradients in the inputs' order: input, weights, bias, old_h, old_cell.
-    return torch.ops.lltm.lltm_backward(grad_h, grad_cell, *ctx.saved_tensors)
+    return getattr(torch.ops, LIBRARY).lltm_backward(grad_h, grad_cell, *ctx.saved_tensors)
 
 
 def _no_double_backward(ctx, *grads):
@@ -133,8 +137,9 @@ def _no_double_backward(ctx, *grads):
     )
 
 
-torch.library.register_autograd("lltm::lltm_forward", _backward, setup_context=_setup_context)
-torch.library.register_autograd("lltm::lltm_backward", _no_double_backward)
+torch.library.register_autograd(f"{LIBRARY}::lltm_forward", _backward,
+                                setup_context=_setup_context)
+torch.library.register_autograd(f"{LIBRARY}::lltm_backward", _no_double_backward)
 
 
 def check_reverse_mode_only(op: str, tensors) -> None:
@@ -187,5 +192,6 @@ def lltm(input, weights, bias, old_h, old_cell):
             raise TypeError(f"lltm: `{name}` must be a dense tensor (layout torch.strided), got "
                             f"layout {t.layout}")
     check_reverse_mode_only("lltm", tensors)
-    new_h, new_cell, _gates = torch.ops.lltm.lltm_forward(input, weights, bias, old_h, old_cell)
+    forward = getattr(torch.ops, LIBRARY).lltm_forward
+    new_h, new_cell, _gates = forward(input, weights, bias, old_h, old_cell)
     return new_h, new_cell
