@@ -269,4 +269,4 @@ lint: $(ENV_READY)
 
 # The N of `make stage N`, `make diff N`.
 $(STAGE_GOALS):
-	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi|diff|exercise|verify) ;; *) echo "did you mean: make stage $@";; esac
+	@case "$(firstword $(MAKECMDGOALS))" in stage|fix-abi|diff|exercise|verify|racecheck) ;; *) echo "did you mean: make stage $@";; esac
