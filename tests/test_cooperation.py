@@ -242,6 +242,10 @@ RACECHECK = textwrap.dedent("""\
         run(lib)
     section("racy_block_sum")
     t.launch(lib, "racy_block_sum", torch.ones(512), torch.zeros(2), 2)
+    section("racy_tiles")
+    tiled = torch.zeros(64)
+    t.launch(lib, "racy_tiles", torch.ones(8 * 32), tiled, 32)
+    print(f"tiled sums: {{tiled.unique().tolist()}}", file=sys.stderr, flush=True)
     section("racy_store")
     t.launch(lib, "racy_store", torch.zeros(1, dtype=torch.int32))
     section("end")
@@ -291,6 +295,17 @@ def test_racecheck_reports_a_missing_barrier_with_both_lines(racecheck_run):
     first = found[0]
     assert "data race" in first and "racy_block_sum" in first
     assert f"planted_faults.cu:{store}" in first and f"planted_faults.cu:{load}" in first, first
+
+
+def test_racecheck_reports_a_missing_barrier_even_when_the_numbers_are_right(racecheck_run):
+    """The tile loop without its second barrier: on the emulated device's schedule the sums are
+    right (the inputs are ones), and the race is reported all the same, with both lines."""
+    text = racecheck_run["racy_tiles"]
+    assert "tiled sums: [32.0]" in text, text[-2000:]
+    found = reports(text)
+    store, load = line_of(PLANTED, "tile store"), line_of(PLANTED, "tile load")
+    assert found and "racy_tiles" in found[0], text[-3000:]
+    assert f"planted_faults.cu:{store}" in found[0] and f"planted_faults.cu:{load}" in found[0]
 
 
 def test_racecheck_reports_two_threads_storing_to_one_element(racecheck_run):

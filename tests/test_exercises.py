@@ -27,6 +27,7 @@ NAMES = {
     "05_cuda_accessors": ["cpu-fused-kernel", "accessor-kernel", "library-registration"],
     "06_op_library": ["bilinear-sample", "bilinear-gradient"],
     "07_cuda_library": ["deform-cuda-sampling"],
+    "08_cooperating_threads": ["tile-loop", "block-tree", "warp-shuffle"],
 }
 
 
@@ -310,6 +311,39 @@ def test_the_summary_names_what_fails(tmp_path, capsys):
     assert report.exit_code == 0 and "DONE: every exercise" in capsys.readouterr().out
 
 
+def cooperating_stage():
+    """The stage whose exercises are kernels that cooperate (barriers, shared memory)."""
+    return next(s for s in STAGES if any(e.name == "tile-loop" for e in exercises.find(s)))
+
+
+def test_a_race_in_an_exercise_marks_it_and_waits_the_others(tmp_path, capsys):
+    """A race racecheck found in an exercise's lines: that exercise is RACE, whatever its tests
+    said, and the others, whose tests run through its kernel, wait for it."""
+    from workbook.net.racecheck import Race
+
+    s = cooperating_stage()
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    tile = exercises.get(s, "tile-loop")
+    path = f"exercises/{s.folder}/{tile.relpath}"
+    race = Race("matmul_tiled_kernel", [("read", path, tile.start + 6),
+                                        ("previous write", path, tile.start + 3)], "the report")
+    report = exercises.Report(s, True, junit(tmp_path, [
+        ("test_against_reference[emulated_cuda-float32-b1]", "passed", ""),
+        ("test_tiles_that_do_not_fill[emulated_cuda-float32-b17]", "passed", ""),
+        ("test_bias_gradient_sums_every_row", "failed", "AssertionError: not close")],
+        file="test_lltm_cooperating.py"), races=[race])
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    out = capsys.readouterr().out
+    assert report.status == {"tile-loop": "RACE", "block-tree": "waiting",
+                             "warp-shuffle": "waiting"}
+    assert report.exit_code == 1
+    assert (f"racecheck: a data race in `matmul_tiled_kernel`: read at {path}:{tile.start + 6} "
+            f"and previous write at {path}:{tile.start + 3}, no barrier between them") in out
+    assert "its tests may fail through the race in tile-loop: fix that first" in out
+    assert "NOT DONE: tile-loop" in out
+
+
 def test_a_gpu_exercise_not_run_here_is_said_so(tmp_path, capsys):
     s = stages.get(4)
     work = exercises.carve(s, tmp_path / s.folder, quiet=True)
@@ -407,3 +441,31 @@ def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
         done = "compiled" if nvcc else f"not even compiled ({toolkit.reason()})"
         pytest.skip(f"{', '.join(e.name for e in not_here)} {done} but not run: the tests of "
                     f"CUDA code need a GPU ({testing.NO_CUDA})")
+
+
+@pytest.mark.exercises
+def test_a_missing_barrier_in_an_exercise_is_a_race_make_verify_names(tmp_path):
+    """The tile loop solved, but without its second barrier: make verify's race check names the
+    exercise and both lines, whether or not the numbers came out right."""
+    from workbook.build import emulate
+
+    s = cooperating_stage()
+    if not emulate.active():
+        pytest.skip("a GPU is visible: make verify runs the CUDA tests there, not on the "
+                    "emulated device that checks races (WORKBOOK_CUDA=emulate forces it)")
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    kernels = work / exercises.get(s, "tile-loop").relpath
+    barrier = "      __syncthreads();  // every thread has read them before the next turn"
+    text = kernels.read_text()
+    assert text.count(barrier) == 1, "the second barrier of the tile loop moved: update the test"
+    kernels.write_text("\n".join(line for line in text.splitlines()
+                                  if not line.startswith(barrier)) + "\n")
+    report = exercises.verify(s, work, base=tmp_path / "check",
+                              tests=["test_lltm_cooperating.py::test_tiles_that_do_not_fill"])
+    assert report.status["tile-loop"] == "RACE", report.status
+    region = exercises._region(work, exercises.get(s, "tile-loop"))
+    race = report.races[0]
+    assert race.kernel == "matmul_tiled_kernel"
+    assert all(region[0] <= line <= region[1] for _, _, line in race.accesses), race.accesses
+    assert report.exit_code == 1

@@ -19,6 +19,20 @@ __global__ void racy_block_sum(const float* x, float* sums) {
   if (t == 0) sums[blockIdx.x] = partial[0];
 }
 
+// A tiled sum without its second barrier: a thread that has used this step's tile stores the
+// next step's while a slower one still reads this one. The inputs are all ones, so the sums come
+// out right on the emulated device's schedule: only the race check sees it.
+__global__ void racy_tiles(const float* a, float* sums, int k) {
+  __shared__ float tile[8][8];
+  float sum = 0.0f;
+  for (int k0 = 0; k0 < k; k0 += 8) {
+    tile[threadIdx.y][threadIdx.x] = a[threadIdx.y * k + k0 + threadIdx.x];  // FAULT: tile store
+    __syncthreads();
+    for (int j = 0; j < 8; ++j) sum += tile[threadIdx.y][j];  // FAULT: tile load
+  }
+  sums[threadIdx.y * 8 + threadIdx.x] = sum;
+}
+
 // Every thread stores to one element, no atomic: a race on global memory.
 __global__ void racy_store(int* out) {
   out[0] = static_cast<int>(threadIdx.x);  // FAULT: global store
@@ -60,6 +74,11 @@ extern "C" {
 
 int run_racy_block_sum(const float* x, float* sums, int blocks) {
   racy_block_sum<<<blocks, kThreads>>>(x, sums);
+  return cudaGetLastError();
+}
+
+int run_racy_tiles(const float* a, float* sums, int k) {
+  racy_tiles<<<1, dim3(8, 8)>>>(a, sums, k);
   return cudaGetLastError();
 }
 

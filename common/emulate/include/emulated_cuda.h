@@ -65,6 +65,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -603,12 +604,21 @@ class LaunchFailure {
     what_ = std::move(what);
     found_.store(true, std::memory_order_relaxed);
   }
+  // An exception a kernel threw: the launch throws it again, as a loop over the threads would.
+  void record(std::exception_ptr thrown) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (found_.load(std::memory_order_relaxed)) return;
+    thrown_ = std::move(thrown);
+    found_.store(true, std::memory_order_relaxed);
+  }
   const std::string& what() const { return what_; }
+  const std::exception_ptr& thrown() const { return thrown_; }
 
  private:
   std::atomic<bool> found_{false};
   std::mutex mutex_;
   std::string what_;
+  std::exception_ptr thrown_;
 };
 
 inline std::string misuse_text(const Kernel& kernel, const Misuse& m) {
@@ -653,7 +663,11 @@ inline void run_grid(const Kernel& kernel, dim3 grid, dim3 block, std::size_t sh
       if (!runner) runner = std::make_unique<Block>();
       std::string problem = runner->run(kernel, blockIdx, grid, block, shared_memory, body,
                                         b * threads, order.generator());
-      if (!problem.empty()) failure.record(std::move(problem));
+      if (std::exception_ptr thrown = runner->take_exception()) {
+        failure.record(std::move(thrown));
+      } else if (!problem.empty()) {
+        failure.record(std::move(problem));
+      }
     } else if (order.shuffled()) {
       for (uint64_t t : order.of(threads)) {
         threadIdx = unflatten(t, block);
@@ -691,6 +705,7 @@ inline void run_grid(const Kernel& kernel, dim3 grid, dim3 block, std::size_t sh
     run_blocks(0, static_cast<int64_t>(blocks));
   }
   acquire(&launch_end_object);
+  if (failure.thrown()) std::rethrow_exception(failure.thrown());
   if (failure.found()) {
     // Said at once, too: a launch whose error nobody asks for must not pass in silence.
     std::fprintf(stderr, "[emulate] %s\n", failure.what().c_str());

@@ -122,6 +122,69 @@ def shorten(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+@dataclass
+class Race:
+    """One data race ThreadSanitizer reported: the two accesses (what, file, line), innermost
+    frame first, and the kernel they were in."""
+
+    kernel: str
+    accesses: list[tuple[str, str, int]]
+    text: str
+
+    def words(self) -> str:
+        said = [f"{what} at {path}:{line}" for what, path, line in self.accesses]
+        return f"a data race in `{self.kernel}`: {' and '.join(said)}, no barrier between them"
+
+
+_ACCESS = re.compile(r"^\s+(?P<previous>Previous )?(?P<what>(?:atomic )?(?:[Ww]rite|[Rr]ead)) of "
+                     r"size \d+")
+_FRAME = re.compile(r"^\s+#0 (?P<function>[^(]+)\(.*\) (?P<path>\S+?):(?P<line>\d+)")
+
+
+def races(texts: list[str]) -> list[Race]:
+    """The races in ThreadSanitizer's reports (Reports.texts()): each access's innermost frame."""
+    found = []
+    for text in texts:
+        accesses, kernel, pending = [], "", None
+        for line in text.splitlines():
+            if match := _ACCESS.match(line):
+                pending = ("previous " if match["previous"] else "") + match["what"].lower()
+            elif pending and (frame := _FRAME.match(line)):
+                accesses.append((pending, frame["path"], int(frame["line"])))
+                kernel = kernel or frame["function"].split("<")[0].split("::")[-1].strip()
+                pending = None
+        if accesses:
+            found.append(Race(kernel, accesses, text))
+    return found
+
+
+# What make verify runs again under the checker: the small cases in float32 (and the tests that
+# take no dtype), enough to meet every barrier of every kernel.
+COPY_SELECTION = (f"not float64 and not float16 and not bfloat16 and not b70000 and "
+                  f"{DEFAULT_DESELECT}")
+
+
+def check_copy(pytest: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[Race]]:
+    """Run a pytest command (make verify's, on a stage copy's tests) on the copy's emulated
+    kernels built with ThreadSanitizer, the small cases only (COPY_SELECTION): its exit status
+    and the races found. `env` is the copy's test environment; the checker's is added (the
+    instrumented build goes to racecheck/ of the copy's build folder)."""
+    checked = environment(runtime(), env)
+    reports = Reports()
+    cmd = [*pytest, "--capture=sys", "-m", "cuda", "-k", COPY_SELECTION]
+    with subprocess.Popen(cmd, cwd=cwd, env=checked, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            reports(line)
+    seen, distinct = set(), []  # one race reported by many threads, in many cases: once
+    for race in races(reports.texts()):
+        where = tuple(sorted((path, line) for _, path, line in race.accesses))
+        if where not in seen:
+            seen.add(where)
+            distinct.append(race)
+    return proc.returncode, distinct
+
+
 def runtime() -> str:
     """The ThreadSanitizer runtime of the compiler that builds the kernels, to preload."""
     compiler = os.environ.get("CXX") or "g++"
@@ -134,11 +197,13 @@ def runtime() -> str:
     return str(Path(found).resolve())
 
 
-def environment(preload: str) -> dict[str, str]:
-    """The pass's environment: emulated kernels instrumented (build/racecheck/), run emulated even
-    where a GPU is visible, one CPU thread, the runtime preloaded."""
-    return dict(os.environ, WORKBOOK_RACECHECK="1", WORKBOOK_CUDA="emulate", OMP_NUM_THREADS="1",
-                LD_PRELOAD=" ".join(filter(None, [preload, os.environ.get("LD_PRELOAD", "")])),
+def environment(preload: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (this process's environment by default) as the pass wants it: emulated kernels
+    instrumented (racecheck/ of its build folder), run emulated even where a GPU is visible, one
+    CPU thread, the runtime preloaded."""
+    base = dict(os.environ if base is None else base)
+    return dict(base, WORKBOOK_RACECHECK="1", WORKBOOK_CUDA="emulate", OMP_NUM_THREADS="1",
+                LD_PRELOAD=" ".join(filter(None, [preload, base.get("LD_PRELOAD", "")])),
                 TSAN_OPTIONS=":".join(f"{k}={v}" for k, v in TSAN_OPTIONS.items()))
 
 

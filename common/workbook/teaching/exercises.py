@@ -524,7 +524,7 @@ def instructions(s: Stage, found: Sequence[Exercise], target: Path) -> str:
     width = max(len(e.name) for e in found)
     rows = []
     for e in found:
-        gpu = "  (runs on a GPU only)" if e.gpu_only else ""
+        gpu = "  (CUDA: a GPU, or the emulated CUDA device without one)" if e.gpu_only else ""
         rows.append(f"  {e.name:<{width}}  {e.where}{gpu}\n  {'':<{width}}  {e.task}\n"
                     f"  {'':<{width}}  checked by {_tests_line(e)}")
     return "\n".join([
@@ -633,6 +633,7 @@ class Report:
     # name -> TODO (not started), FAILS, ok, waiting (its tests fail at another exercise's
     # TODO only), "not run here" (its tests were skipped), ...
     status: dict[str, str] = dataclasses.field(default_factory=dict)
+    races: list = dataclasses.field(default_factory=list)  # workbook.net.racecheck.Race
     exit_code: int = 1
 
     def failed(self) -> list[Result]:
@@ -744,10 +745,62 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     report.results = _read_junit(junit)
     if code not in (0, 1):
         print(f"[verify] pytest stopped with exit code {code} (see above)")
+    if copy.is_relative_to(REPO):  # the paths an emulated build records are the repository's
+        rewrite[str(copy.relative_to(REPO))] = _show(work)
+    report.races = _racecheck(s, copy, cmd[:cmd.index(f"--junitxml={junit}")] + targets,
+                              run_env, rewrite)
     _summarise(report, found, work, time.perf_counter() - start)
     if code not in (0, 1):
         report.exit_code = code
     return report
+
+
+def _racecheck(s: Stage, copy: Path, pytest: list[str], env: dict, rewrite: dict[str, str]):
+    """For a copy whose CUDA kernels cooperate (barriers, shared memory, shuffles), where they
+    run on the emulated device: the tests again on them built with ThreadSanitizer, the small
+    cases (workbook.net.racecheck.check_copy), and the races found, their paths the work copy's.
+    A missing barrier is a race whether or not the numbers came out right."""
+    from workbook.build import emulate
+    from workbook.net import racecheck
+
+    kernels = [p.read_text() for p in sorted(copy.rglob("*")) if p.suffix in GPU_SUFFIXES]
+    if not (s.cuda and emulate.active() and emulate.cooperating(kernels)):
+        return []
+    print(f"[verify] racecheck: the tests again, small cases in float32, on your kernels built "
+          f"with ThreadSanitizer (make racecheck {s.number} runs every case) ...", flush=True)
+    started = time.perf_counter()
+    _, found = racecheck.check_copy(pytest, env, REPO)
+    for race in found:
+        race.accesses = [(what, _rewritten(path, rewrite), line)
+                         for what, path, line in race.accesses]
+        race.text = _rewritten(race.text, rewrite)
+    print(f"[verify] racecheck: {len(found)} race(s) in {time.perf_counter() - started:.0f} s",
+          flush=True)
+    return found
+
+
+def _rewritten(text: str, rewrite: dict[str, str]) -> str:
+    for old, new in rewrite.items():
+        text = text.replace(old, new)
+    return text
+
+
+def _region(work: Path, e: Exercise) -> tuple[int, int] | None:
+    """The lines (1-based, inclusive) of exercise e's region in the work copy, as it is now."""
+    mine = work / e.relpath
+    try:
+        regions = parse(mine.read_text(), mine) if mine.is_file() else []
+    except ExerciseError:
+        return None
+    return next(((r.start + 1, r.end + 1) for r in regions if r.name == e.name), None)
+
+
+def _races_in(races: list, path: str, region: tuple[int, int] | None) -> list:
+    """The races one of whose accesses lies in lines region (1-based, inclusive) of path."""
+    if region is None:
+        return []
+    return [r for r in races if any(p.endswith(path) and region[0] <= line <= region[1]
+                                    for _, p, line in r.accesses)]
 
 
 def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: float) -> None:
@@ -760,6 +813,8 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         by_function.setdefault(r.function, []).append(r)
     width = max(len(e.name) for e in found) if found else 10
     attributed: set[str] = set()
+    placed: set[int] = set()  # the races an exercise's region holds
+    raced = {e.name: _races_in(report.races, e.relpath, _region(work, e)) for e in found}
     for e in found:
         mine = work / e.relpath
         try:
@@ -767,6 +822,7 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         except ExerciseError as error:
             print(f"  ({error})")
             body = None
+        placed.update(id(r) for r in raced[e.name])
         ids = [t for t in e.checked_by if "::" in t] or list(by_function)
         own = [r for t in ids for r in by_function.get(t, [])]
         own += [r for r in report.failed() if f"exercise {e.name} is not done" in r.message]
@@ -779,15 +835,21 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         attributed.update(r.test for r in own if r.outcome == "failed")
         failed = [r for r in own if r.outcome == "failed"]
         ran = [r for r in own if r.outcome != "skipped"]
-        # Failures that stop at another exercise's TODO say nothing about this one.
+        # Failures that stop at another exercise's TODO say nothing about this one. Nor do any
+        # while another exercise has a race: a kernel with a race computes anything, and the
+        # kernels of a stage feed each other.
         blockers = sorted({o.name for r in failed for o in found
                            if o is not e and f"exercise {o.name} is not done" in r.message})
-        blocked = [r for r in failed
-                   if any(f"exercise {name} is not done" in r.message for name in blockers)]
+        racing = [o.name for o in found if o is not e and raced[o.name]]
+        blocked = failed if racing else [
+            r for r in failed
+            if any(f"exercise {name} is not done" in r.message for name in blockers)]
         if body is None:
             status = "markers gone"
         elif f"TODO(exercise {e.name})" in body:
             status = "TODO"
+        elif raced[e.name]:
+            status = "RACE"
         elif len(blocked) < len(failed):
             status = "FAILS"
         elif failed:
@@ -803,9 +865,14 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
                           for t in ids if any(r.function == t for r in own))
         print(f"  {e.name:<{width}}  {status:<12} {e.where}\n  {'':<{width}}  "
               f"{'its tests passing: ' + tally if tally else 'none of its tests ran'}")
+        for race in raced[e.name]:
+            print(f"  {'':<{width}}  racecheck: {race.words()}")
         if status == "not run here":
             reason = next((r.message for r in own if r.message), "skipped")
             print(f"  {'':<{width}}  (skipped: {reason})")
+        elif status == "waiting" and racing:
+            print(f"  {'':<{width}}  (its tests may fail through the race in "
+                  f"{', '.join(racing)}: fix that first)")
         elif status == "waiting":
             print(f"  {'':<{width}}  (its failing tests stop at the TODO of "
                   f"{', '.join(blockers)}: they need that too)")
@@ -824,11 +891,17 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
                      if r.test not in attributed})
     if others:
         print(f"  failing beyond the exercises' own tests: {', '.join(others)}")
+    for race in report.races:
+        if id(race) not in placed:
+            print(f"  racecheck, outside the exercises: {race.words()}")
+    if report.races:
+        print(f"  the first race, as ThreadSanitizer reports it (make racecheck {s.number} on "
+              f"the stage runs every case):\n" + textwrap.indent(report.races[0].text, "    "))
     pending = [n for n, st in report.status.items() if st not in ("ok", "not run here", "waiting")]
     waiting = [n for n, st in report.status.items() if st == "waiting"]
     unrun = [n for n, st in report.status.items() if st == "not run here"]
     solution = f"diff -ru {_show(s.source_dir)} {_show(work)}"
-    if report.failed() or pending or waiting:
+    if report.failed() or pending or waiting or report.races:
         also = (f" ({', '.join(waiting)}: no failure of {'its' if len(waiting) == 1 else 'their'} "
                 f"own so far)" if waiting else "")
         print(f"[verify] NOT DONE: {', '.join(pending) or 'see the failing tests above'}{also}. "

@@ -259,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {status} {part.label:<52} {outcome:<40} {part.seconds:6.0f} s")
     if any(p.emulated for p in parts):
         print("  (emulated: the CUDA kernels compiled for the CPU and run there, "
-              "workbook.build.emulate; they prove arithmetic, indexing and launch limits, not GPU "
-              "speed or concurrency)")
+              "workbook.build.emulate; they prove arithmetic, indexing, launch limits and "
+              "barriers, not GPU speed, its memory ordering or concurrency; races: make "
+              "racecheck)")
     failed = [p for p in parts if not p.ok]
     total = time.perf_counter() - start
     if failed:

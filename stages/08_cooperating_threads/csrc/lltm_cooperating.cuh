@@ -38,11 +38,11 @@
 
 namespace lltm_cooperating {
 
-constexpr int kTile = 16;          // C's tile: kTile x kTile threads, one element each
-constexpr int kSumThreads = 256;   // the threads that sum one column
+constexpr int kTile = 16;         // C's tile: kTile x kTile threads, one element each
+constexpr int kSumThreads = 256;  // the threads that sum one column
 constexpr int kWarp = 32;
-constexpr int64_t kMaxGridY = 65535;    // CUDA's limit on gridDim.y: more row tiles loop
-constexpr int64_t kMaxBlocks = 1 << 20; // column blocks beyond this loop too
+constexpr int64_t kMaxGridY = 65535;     // CUDA's limit on gridDim.y: more row tiles loop
+constexpr int64_t kMaxBlocks = 1 << 20;  // column blocks beyond this loop too
 
 // A read-only matrix: element (r, c) at data[r * row_stride + c * col_stride]. A transpose is
 // the same data with the strides swapped, as at::Tensor::t() is: no copy.
@@ -84,8 +84,7 @@ __global__ void matmul_tiled_kernel(Operand<scalar_t> a, Operand<scalar_t> b,
     const int64_t row = tile * kTile + ty;
     opmath_t sum = 0;
     for (int64_t k0 = 0; k0 < k; k0 += kTile) {
-      // EXERCISE tile-loop: load this thread's element of both tiles, wait, multiply-add the
-      // tile's row and column, wait
+      // EXERCISE tile-loop: load this thread's element of each tile, wait, add row x column, wait
       // checked by: test_lltm_cooperating.py::test_against_reference,
       //   ::test_tiles_that_do_not_fill, ::test_gradcheck
       a_tile[ty][tx] = row < m && k0 + tx < k ? static_cast<opmath_t>(a.at(row, k0 + tx)) : 0;
@@ -122,8 +121,7 @@ __global__ void column_sums_kernel(const scalar_t* __restrict__ d, scalar_t* __r
     for (int64_t row = t; row < rows; row += kSumThreads) {
       sum += static_cast<opmath_t>(d[row * cols + col]);
     }
-    // EXERCISE block-tree: leave the block's 256 partial sums in shared memory and halve them
-    // until 32 remain, with a barrier after each step
+    // EXERCISE block-tree: the 256 partial sums into shared memory, halved to 32 with barriers
     // checked by: test_lltm_cooperating.py::test_bias_gradient_sums_every_row,
     //   ::test_against_reference
     partial[t] = sum;

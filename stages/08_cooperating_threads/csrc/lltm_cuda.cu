@@ -21,7 +21,7 @@
 #include <tuple>
 
 #include "lltm_cooperating.cuh"  // the tiled matrix product and the column sums
-#include "lltm_cuda.cuh"          // stage 05's pointwise kernels and their launchers
+#include "lltm_cuda.cuh"         // stage 05's pointwise kernels and their launchers
 #include "workbook/lltm_checks.h"
 
 namespace {

@@ -35,9 +35,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emulated_cuda/fibers.h"
@@ -199,17 +201,21 @@ class SharedMemory {
     return data;
   }
 
-  // ThreadSanitizer's synchronisation objects of the block: where a thread's start, the block's
-  // barrier and each group of lanes' __syncwarp release and acquire (fresh for each block).
+  // ThreadSanitizer's synchronisation objects of the block (fresh for each block): where a
+  // thread's start, the block's barrier and each group of lanes' __syncwarp release and acquire.
+  // A barrier has two, used in turn: a thread that has passed one barrier can arrive at the next
+  // (and release) before a slower one has passed the first (and acquired), and what it did in
+  // between must not reach the slower one through the same object. It cannot arrive at the one
+  // after before the slower one has arrived at the next, so two are enough.
   WORKBOOK_EMULATOR_INTERNAL void* start_object() { return sync_slot(0); }
-  WORKBOOK_EMULATOR_INTERNAL void* barrier_object() { return sync_slot(1); }
-  WORKBOOK_EMULATOR_INTERNAL void* warp_object(unsigned warp, unsigned first_lane) {
-    return sync_slot(2 + warp * 32 + first_lane);
+  WORKBOOK_EMULATOR_INTERNAL void* barrier_object(unsigned parity) { return sync_slot(1 + parity); }
+  WORKBOOK_EMULATOR_INTERNAL void* warp_object(unsigned group, unsigned parity) {
+    return sync_slot(3 + 2 * group + parity);
   }
 
  private:
   static constexpr std::size_t kMaxVariables = 64;
-  static constexpr std::size_t kSyncBytes = 8 * (2 + 32 * 32);
+  static constexpr std::size_t kSyncBytes = 8 * (3 + 2 * 32 * 32);
 
   struct Entry {
     const void* key;
@@ -297,6 +303,10 @@ class Block {
 
   WORKBOOK_EMULATOR_INTERNAL bool cooperates() const { return kernel_->cooperates; }
 
+  // The exception a thread of the last block threw (a TORCH_CHECK in a kernel: an exercise's
+  // stub), for the launch to throw again as a kernel run one thread at a time would; null if none.
+  std::exception_ptr take_exception() { return std::exchange(exception_, nullptr); }
+
  private:
   enum class State : uint8_t { ready, waiting, finished };
 
@@ -309,6 +319,7 @@ class Block {
     unsigned mask = 0;
     int arg = 0, width = 32, predicate = 0;
     unsigned vote = 0;
+    unsigned parity = 0;  // which of its barrier's (or warp group's) two objects it released
     std::size_t value_size = 0;
     unsigned char value[kMaxShuffleBytes] = {};
     unsigned char result[kMaxShuffleBytes] = {};
@@ -356,6 +367,10 @@ class Block {
   std::vector<unsigned> ready_;  // a ring of thread numbers: ready_head_ .. + ready_count_
   std::size_t ready_head_ = 0, ready_count_ = 0;
   std::vector<unsigned> warp_waiting_;  // per warp, the lanes waiting at a collective
+  // How many times the block's barrier, and each group of lanes' __syncwarp (warp x 32 + its
+  // first lane), has let its threads go: the parity picks the racecheck object.
+  unsigned barriers_passed_ = 0;
+  std::vector<unsigned> syncwarps_passed_;
   unsigned at_barrier_ = 0, finished_ = 0, current_ = 0;
   std::mt19937_64* shuffle_ = nullptr;
   SharedMemory shared_;
@@ -371,6 +386,7 @@ class Block {
     unsigned thread = 0, detail = 0;
   } failure_;
   WORKBOOK_EMULATOR_INTERNAL std::string describe(const Failure& f) const;
+  std::exception_ptr exception_;
 };
 
 // The block whose threads run on this CPU thread (null outside a cooperating launch).
@@ -411,6 +427,8 @@ inline std::string Block::run(const Kernel& kernel, uint3 index, dim3 grid, dim3
   ready_.assign(count_, 0);
   ready_head_ = ready_count_ = 0;
   warp_waiting_.assign((count_ + 31) / 32, 0);
+  syncwarps_passed_.assign(warp_waiting_.size() * 32, 0);
+  barriers_passed_ = 0;
   at_barrier_ = finished_ = 0;
   failure_ = Failure{};
   shared_.begin(dynamic_shared);
@@ -438,7 +456,9 @@ inline std::string Block::run(const Kernel& kernel, uint3 index, dim3 grid, dim3
   }
   running_block = outer;
   std::string problem;
-  if (failure_.set) {
+  if (failure_.set && exception_ != nullptr) {
+    problem = "the kernel threw";  // the launch throws exception_ again
+  } else if (failure_.set) {
     problem = describe(failure_);
   } else if (finished_ < count_) {
     problem = stuck();
@@ -476,6 +496,7 @@ inline void Block::enter(void* argument) {
   try {
     block.body_.call(block.body_.self);  // the kernel, seen by ThreadSanitizer
   } catch (...) {
+    block.exception_ = std::current_exception();
     block.fail("the kernel", Site{}, Problem::exception);
   }
   release(&launch_end_object);
@@ -505,11 +526,12 @@ inline int Block::barrier(Op op, int predicate, Site site) {
     thread.site = site;
     thread.predicate = predicate != 0;
     thread.state = State::waiting;
-    release(shared_.barrier_object());
+    thread.parity = barriers_passed_ & 1u;
+    release(shared_.barrier_object(thread.parity));
     if (++at_barrier_ == count_) pass_barrier();
   }
   wait_here();
-  acquire(shared_.barrier_object());
+  acquire(shared_.barrier_object(thread.parity));
   return static_cast<int>(thread.vote);
 }
 
@@ -529,6 +551,7 @@ inline void Block::pass_barrier() {
                         : first.op == Op::syncthreads_and ? unsigned{count == count_}
                                                           : unsigned{count > 0};
   at_barrier_ = 0;
+  ++barriers_passed_;
   for (unsigned t = 0; t < count_; ++t) {
     threads_[t].vote = vote;
     wake(t);
@@ -554,7 +577,7 @@ inline unsigned Block::collective(Op op, unsigned mask, const void* value, void*
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
     fail(op_name(op), site, Problem::bad_width, static_cast<unsigned>(width));
   }
-  const auto first_lane = static_cast<unsigned>(__builtin_ctz(mask));
+  const unsigned group = warp * 32 + static_cast<unsigned>(__builtin_ctz(mask));
   {
     const Unseen unseen;
     thread.op = op;
@@ -566,12 +589,13 @@ inline unsigned Block::collective(Op op, unsigned mask, const void* value, void*
     thread.value_size = value_size;
     copy_bytes(thread.value, value, value_size);
     thread.state = State::waiting;
-    if (op == Op::syncwarp) release(shared_.warp_object(warp, first_lane));
+    thread.parity = syncwarps_passed_[group] & 1u;
+    if (op == Op::syncwarp) release(shared_.warp_object(group, thread.parity));
     warp_waiting_[warp] |= 1u << lane;
     if ((warp_waiting_[warp] & mask) == mask) pass_collective(warp, mask);
   }
   wait_here();
-  if (op == Op::syncwarp) acquire(shared_.warp_object(warp, first_lane));
+  if (op == Op::syncwarp) acquire(shared_.warp_object(group, thread.parity));
   copy_bytes(out, thread.result, value_size);
   return thread.vote;
 }
@@ -625,6 +649,7 @@ inline void Block::pass_collective(unsigned warp, unsigned mask) {
                                 : 0u;
   }
   warp_waiting_[warp] &= ~mask;
+  ++syncwarps_passed_[warp * 32 + static_cast<unsigned>(__builtin_ctz(mask))];
   for (unsigned l = 0; l < 32; ++l) {
     if ((mask >> l & 1u) != 0) wake(warp * 32 + l);
   }
