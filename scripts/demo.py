@@ -45,6 +45,11 @@ def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
             not_run[s.number] = (f"its package `{s.package}` is {chosen[s.package].label}'s "
                                  f"too, and one loads per process: `make stage {s.number}` "
                                  f"tests it")
+        elif s.cuda and not gpu and not s.own_cpu_kernels:
+            others = " and ".join(f"stage {int(f[:2])}" for f in s.sources_from)
+            not_run[s.number] = (f"without a GPU it is {others}'s CPU kernels again, and its "
+                                 f"own are CUDA: `make stage {s.number}` runs them on the "
+                                 f"emulated CUDA device")
         elif s.cuda and not gpu and not s.cpu_fallback:
             not_run[s.number] = (f"CUDA only, and there is no GPU here, so it is not built; "
                                  f"`make stage {s.number}` builds it and runs its tests on the "

@@ -106,6 +106,14 @@ class Stage:
         return ("cpu",)
 
     @property
+    def own_cpu_kernels(self) -> bool:
+        """Whether its own folder holds C++ for the CPU. A CUDA stage may take all of its CPU
+        code from the stages it compiles sources of (stage 07's is stage 06's, stage 08's stage
+        05's): on the CPU it is those stages again, which the tools that run every CPU
+        implementation once (the demo, the matrix, the fuzzing, the benchmark) leave out."""
+        return any((self.source_dir / "csrc").rglob("*.cpp"))
+
+    @property
     def registers_ops(self) -> bool:
         """Whether its C++ defines dispatcher ops (TORCH_LIBRARY or TORCH_LIBRARY_FRAGMENT, with
         fake kernels beside them) rather than pybind11 functions: read from its sources."""
