@@ -13,7 +13,8 @@
 #   3. test every CUDA stage (one pytest process each, --junitxml, --durations); a GPU test that
 #      is skipped on this GPU machine counts as a failure;
 #   4. compute-sanitizer memcheck over a small run of every CUDA kernel (scripts/gpu_smoke.py),
-#      and racecheck where a stage's kernels use shared memory (CUB's sort, in stage 07);
+#      racecheck where a stage's kernels use shared memory (CUB's sort in stage 07, the tiles and
+#      the block reduction of stage 08), synccheck where they have barriers or shuffles;
 #   Estimated on a 16-core H200 from this 2-core machine's figures: builds ~1.5 min (in parallel;
 #   the longest single nvcc unit, stage 07's .cu, bounds it), tests ~3 min (here the CPU parts
 #   take ~2 min; the GPU adds torch.compile and opcheck runs), sanitizer ~2 min (torch's import,
@@ -137,9 +138,14 @@ if command -v compute-sanitizer > /dev/null; then
   for n in $cuda_stages; do
     tools=memcheck
     # racecheck looks for hazards in shared memory: only kernels that use it (or CUB's, which
-    # does) can have them, and it is slow.
+    # does) can have them, and it is slow; synccheck, for barriers and warp collectives that not
+    # every thread reaches, where a kernel has them (stage 08's).
     folder=$("$PYTHON" -c "from workbook.build import stages; print(stages.get($n).source_dir)")
-    if grep -rqE "__shared__|cub::" --include='*.cu' "$folder"; then tools="memcheck racecheck"; fi
+    kernels=(--include='*.cu' --include='*.cuh')
+    if grep -rqE "__shared__|cub::" "${kernels[@]}" "$folder"; then tools="$tools racecheck"; fi
+    if grep -rqE "__syncthreads|__syncwarp|__shfl_|_sync\(" "${kernels[@]}" "$folder"; then
+      tools="$tools synccheck"
+    fi
     for tool in $tools; do
       step "sanitizer-$tool-$n" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 \
         "$PYTHON" scripts/gpu_smoke.py --stage "$n"
