@@ -28,6 +28,7 @@ NAMES = {
     "06_op_library": ["bilinear-sample", "bilinear-gradient"],
     "07_cuda_library": ["deform-cuda-sampling"],
     "08_cooperating_threads": ["tile-loop", "block-tree", "warp-shuffle"],
+    "09_ms_deform_attn": ["msda-corner-blend", "msda-warp-sum"],
 }
 
 

@@ -184,7 +184,7 @@ class BadInput:
 
 def raised_as(error: BaseException) -> tuple[type[BaseException], str]:
     """The class an op's error means and its message. Mostly the error's own; but a library on
-    the stable ABI (stage 09) cannot raise c10's ValueError and TypeError from C++, so its checks
+    the stable ABI (stage 10) cannot raise c10's ValueError and TypeError from C++, so its checks
     raise RuntimeError with the class first in the message, "[ValueError] lltm: ..."
     (workbook/checks.h): that is read as the class it names. (Its functional forms raise the
     class itself: extops/errors.py.)"""
@@ -279,12 +279,16 @@ LAYOUTS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def relayout(sample: Sample, layout: str) -> Sample:
-    """The sample with every tensor stored in `layout`: leaves with the same requires_grad."""
+    """The sample with every tensor stored in `layout`: leaves with the same requires_grad. An
+    integer tensor (an index table, as multi-scale deformable attention's level table) keeps its
+    values: "expanded", which would change them into another valid-looking table, stores it
+    strided instead."""
     store = LAYOUTS[layout]
 
     def move(_, t):
+        keep = layout == "expanded" and not t.is_floating_point()
         with torch.no_grad():
-            moved = store(t.detach())
+            moved = (_strided if keep else store)(t.detach())
         return moved.requires_grad_(t.requires_grad) if t.is_floating_point() else moved
 
     return sample.map(move, name=f"{sample.name}-{layout}")

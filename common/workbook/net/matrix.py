@@ -92,14 +92,15 @@ def generic(spec: OpSpec, valid: Callable[[str], Sample],
             optional: Iterable[str] = ()) -> list[Row]:
     """The rows every op gets from its valid sample `valid(device)` (float32, no grad).
 
-    For each tensor argument: int64, bool, float8 and complex dtypes, a sparse layout and a Python
-    list or None in its place are refused naming it, and so is the argument on another device
-    (the first argument excepted: it sets the device). For all arguments together: transposed,
+    For each tensor argument: int64 (float32 for an integer argument), bool, float8 and complex
+    dtypes, a sparse layout and a Python list or None in its place are refused naming it, and so
+    is the argument on another device (the first argument excepted: it sets the device). For all arguments together: transposed,
     sliced, expanded (stride 0) and offset storage, nn.Parameter and Tensor-subclass inputs, an
     empty batch, NaN and inf in the first argument are accepted.
     """
     optional = set(optional)
-    names = [n for n, _ in valid("cpu").tensors()]
+    tensors = dict(valid("cpu").tensors())
+    names = list(tensors)
     first = names[0]
     rows = []
 
@@ -110,8 +111,11 @@ def generic(spec: OpSpec, valid: Callable[[str], Sample],
         def cast(dtype, name=name):
             return lambda s, on: dict(s.named())[name].detach().to(dtype)
 
-        for label, dtype in (("int64", torch.int64), ("bool", torch.bool),
-                             ("float8_e5m2", torch.float8_e5m2),
+        # An index argument (int64, as multi-scale deformable attention's level table) is
+        # refused as a float instead.
+        wrong = (("int64", torch.int64) if tensors[name].is_floating_point() else
+                 ("float32", torch.float32))
+        for label, dtype in (wrong, ("bool", torch.bool), ("float8_e5m2", torch.float8_e5m2),
                              ("complex64", torch.complex64)):
             rows.append(Row(f"{name}_{label}", "dtype", with_arg(name, cast(dtype)), TypeError,
                               name))

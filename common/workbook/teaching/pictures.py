@@ -20,6 +20,8 @@ op's output), and returns the figure; in Jupyter the figure shows below the cell
   into shared memory at one step of its K loop, and the band it walks (notebook 08);
 * `block_reduction_steps`: a block reduction's partial sums step by step: halving in shared
   memory with a barrier after each step, then shuffles within a warp (notebook 08);
+* `msda_sampling_points`: one query's sampling points of one head on each level of a feature
+  pyramid, coloured by attention weight, with the value rows they read (notebook 09);
 * `symbol_mismatch`: the symbol an extension built with the other C++11 ABI asks for, next to
   the one torch exports, mangled and demangled, the difference marked (appendix A1).
 """
@@ -790,6 +792,61 @@ def block_reduction_steps(values: torch.Tensor, *, warp: int = 4):
     ax.axis("off")
     ax.set_title(f"{threads} threads, a warp of {warp} lanes: sum {lanes[0].item():.0f} in "
                  f"thread 0 (dashed red: the barriers; green: shuffles, no barrier)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def msda_sampling_points(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
+                         locations: torch.Tensor, weights: torch.Tensor, *, head: int = 0):
+    """Multi-scale deformable attention, one query and one head: a panel per level (its H x W
+    pixel grid), the head's P points on it at (x W - 0.5, y H - 0.5) in pixels, each a dot
+    coloured and sized by its attention weight, and the 4 pixels it blends outlined. Below each
+    panel, the rows of value those pixels are (level_start_index + row W + column).
+
+    locations [L, P, 2] and weights [L, P] are the query's, for `head` already chosen (or
+    [M, L, P, ...]: `head` picks one). The rows listed are recomputed from the same formula the
+    kernels use (workbook/ms_deform_attn.h) and checked to lie inside the level."""
+    plt = _plt()
+    if locations.dim() == 4:
+        locations, weights = locations[head], weights[head]
+    shapes = [tuple(int(v) for v in hw) for hw in spatial_shapes.tolist()]
+    starts = [int(v) for v in level_start_index.tolist()]
+    levels = len(shapes)
+    fig, axes = plt.subplots(1, levels, figsize=(3.2 * levels, 3.6), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    top = float(weights.max()) if weights.numel() else 1.0
+    for l, ((h, w), start, ax) in enumerate(zip(shapes, starts, axes[0])):
+        ax.set_xlim(-1, w)
+        ax.set_ylim(h, -1)
+        ax.set_aspect("equal")
+        for r in range(h + 1):
+            ax.plot([-0.5, w - 0.5], [r - 0.5, r - 0.5], color="#dddddd", linewidth=0.5)
+        for c in range(w + 1):
+            ax.plot([c - 0.5, c - 0.5], [-0.5, h - 0.5], color="#dddddd", linewidth=0.5)
+        rows = []
+        for p in range(locations.shape[1]):
+            lx, ly = (float(v) for v in locations[l, p])
+            x, y = lx * w - 0.5, ly * h - 0.5
+            a = float(weights[l, p])
+            if not (-1 < y < h and -1 < x < w):
+                ax.plot(x, y, "x", color="tab:red", markersize=6)
+                continue
+            y0, x0 = int(y // 1), int(x // 1)
+            for r, c in ((y0, x0), (y0, x0 + 1), (y0 + 1, x0), (y0 + 1, x0 + 1)):
+                if 0 <= r < h and 0 <= c < w:
+                    ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False,
+                                               edgecolor=cmap(a / top), linewidth=1.2))
+                    row = start + r * w + c
+                    assert start <= row < start + h * w
+                    rows.append(row)
+            ax.scatter([x], [y], s=30 + 170 * a / top, color=cmap(a / top), edgecolor="k",
+                       zorder=3)
+        ax.set_title(f"level {l}: {h} x {w}, rows {start}..{start + h * w - 1}", fontsize=9)
+        shown = ", ".join(str(r) for r in sorted(set(rows))[:8])
+        ax.set_xlabel(f"reads rows {shown}{', ...' if len(set(rows)) > 8 else ''}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"one query, head {head}: its points on every level, colour and size = "
+                 f"attention weight (x: outside the level)", fontsize=10)
     fig.tight_layout()
     return fig
 
