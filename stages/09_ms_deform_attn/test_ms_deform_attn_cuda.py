@@ -90,7 +90,8 @@ def test_float32_matches_the_cpu_kernel(mode):
     finally:
         torch.use_deterministic_algorithms(before)
     for name, a, b in zip(("out", "value", "sampling_locations", "attention_weights"), cpu, cuda):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, n=name: f"{n}: {m}")
 
 
 @testing.requires_cuda

@@ -53,9 +53,9 @@ struct Geometry {
   int64_t points;    // P: per query, head and level
 
   // Each product below is of sizes of one tensor the checks have seen, so it fits in int64.
-  int64_t samples_per_query() const { return levels * points; }     // per query and head
-  int64_t out_row() const { return heads * channels; }              // out's last dimension
-  int64_t value_row() const { return heads * channels; }            // value's row of one s
+  int64_t samples_per_query() const { return levels * points; }  // per query and head
+  int64_t out_row() const { return heads * channels; }           // out's last dimension
+  int64_t value_row() const { return heads * channels; }         // value's row of one s
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -66,9 +66,9 @@ namespace detail {
 inline void check_index_tensor(const Tensor& t, const Arg& arg, const Tensor& value,
                                const Arg& value_arg) {
   check_strided(t, arg);
-  WORKBOOK_CHECK_TYPE(dtype_of(t) == c10::ScalarType::Long,
-                      text(describe(arg), " must be a torch.int64 tensor, got ",
-                           dtype_name(dtype_of(t))));
+  WORKBOOK_CHECK_TYPE(
+      dtype_of(t) == c10::ScalarType::Long,
+      text(describe(arg), " must be a torch.int64 tensor, got ", dtype_name(dtype_of(t))));
   check_same_device(t, arg, value, value_arg);
 }
 
@@ -77,9 +77,9 @@ inline Geometry check_common(const char* op, const Tensor* grad_output, const Te
                              const Tensor& spatial_shapes, const Tensor& level_start_index,
                              const Tensor& sampling_locations, const Tensor& attention_weights,
                              c10::DeviceType device) {
-  const Arg grad_arg{op, "grad_output"}, value_arg{op, "value"},
-      shapes_arg{op, "spatial_shapes"}, starts_arg{op, "level_start_index"},
-      locations_arg{op, "sampling_locations"}, weights_arg{op, "attention_weights"};
+  const Arg grad_arg{op, "grad_output"}, value_arg{op, "value"}, shapes_arg{op, "spatial_shapes"},
+      starts_arg{op, "level_start_index"}, locations_arg{op, "sampling_locations"},
+      weights_arg{op, "attention_weights"};
 
   // The floating tensors in the schema's order (the first sets dtype and device), as checks.h's
   // check_inputs does; then the two index tensors, int64 on the same device.
@@ -97,7 +97,8 @@ inline Geometry check_common(const char* op, const Tensor* grad_output, const Te
   check_index_tensor(level_start_index, starts_arg, first, first_arg);
   check_device_type(first, first_arg, device);
 
-  if (grad_output != nullptr) check_dim(*grad_output, grad_arg, 3, "(batch, queries, heads * channels)");
+  if (grad_output != nullptr)
+    check_dim(*grad_output, grad_arg, 3, "(batch, queries, heads * channels)");
   check_dim(value, value_arg, 4, "(batch, values, heads, channels)");
   check_dim(spatial_shapes, shapes_arg, 2, "(levels, 2)");
   check_dim(level_start_index, starts_arg, 1, "(levels)");
@@ -113,9 +114,10 @@ inline Geometry check_common(const char* op, const Tensor* grad_output, const Te
   g.queries = sampling_locations.size(1);
   g.points = sampling_locations.size(4);
 
-  WORKBOOK_CHECK_VALUE(g.levels >= 1,
-                       text(describe(shapes_arg), " must have at least 1 level (dimension 0), got "
-                            "sizes ", spatial_shapes.sizes()));
+  WORKBOOK_CHECK_VALUE(g.levels >= 1, text(describe(shapes_arg),
+                                           " must have at least 1 level (dimension 0), got "
+                                           "sizes ",
+                                           spatial_shapes.sizes()));
   check_size(spatial_shapes, shapes_arg, 1, 2, "a (height, width) pair per level");
   check_size(level_start_index, starts_arg, 0, g.levels, "levels of `spatial_shapes`");
   check_size(sampling_locations, locations_arg, 0, g.batch, "batch size of `value`");
@@ -141,11 +143,11 @@ inline Geometry check_common(const char* op, const Tensor* grad_output, const Te
     const int64_t want[] = {g.batch, g.queries, row};
     bool same = true;
     for (int64_t d = 0; d < 3; ++d) same = same && grad_output->size(d) == want[d];
-    WORKBOOK_CHECK_VALUE(same, text(describe(grad_arg), " must have sizes [", g.batch, ", ",
-                                    g.queries, ", ", row,
-                                    "] (batch, queries, heads * channels of the forward), got "
-                                    "sizes ",
-                                    grad_output->sizes()));
+    WORKBOOK_CHECK_VALUE(
+        same, text(describe(grad_arg), " must have sizes [", g.batch, ", ", g.queries, ", ", row,
+                   "] (batch, queries, heads * channels of the forward), got "
+                   "sizes ",
+                   grad_output->sizes()));
   }
   return g;
 }
@@ -161,8 +163,7 @@ inline Geometry check_forward_inputs(const Tensor& value, const Tensor& spatial_
 }
 
 inline Geometry check_backward_inputs(const Tensor& grad_output, const Tensor& value,
-                                      const Tensor& spatial_shapes,
-                                      const Tensor& level_start_index,
+                                      const Tensor& spatial_shapes, const Tensor& level_start_index,
                                       const Tensor& sampling_locations,
                                       const Tensor& attention_weights, c10::DeviceType device) {
   return detail::check_common("ms_deform_attn_backward", &grad_output, value, spatial_shapes,
@@ -179,23 +180,27 @@ inline void check_levels(const char* op, const Geometry& g, const int64_t* shape
   for (int64_t l = 0; l < g.levels; ++l) {
     const int64_t h = shapes[2 * l], w = shapes[2 * l + 1];
     WORKBOOK_CHECK_VALUE(h >= 0 && w >= 0,
-                         text(op, ": `spatial_shapes` must hold non-negative (height, width) "
-                              "pairs, got (", h, ", ", w, ") at level ", l));
+                         text(op,
+                              ": `spatial_shapes` must hold non-negative (height, width) "
+                              "pairs, got (",
+                              h, ", ", w, ") at level ", l));
     WORKBOOK_CHECK_VALUE(starts[l] == start,
-                         text(op, ": `level_start_index` must be the running sum of the levels' "
-                              "areas (height * width of `spatial_shapes`): level ", l,
-                              " starts at row ", start, ", got ", starts[l]));
+                         text(op,
+                              ": `level_start_index` must be the running sum of the levels' "
+                              "areas (height * width of `spatial_shapes`): level ",
+                              l, " starts at row ", start, ", got ", starts[l]));
     int64_t area = 0;
-    WORKBOOK_CHECK_VALUE(!mul_overflows(h, w, &area) && !add_overflows(start, area, &start) &&
-                             start <= g.values,
-                         text(op, ": `spatial_shapes` must tile the ", g.values,
-                              " rows of `value` (dimension 1), but levels 0..", l,
-                              " already cover more (level ", l, ": ", h, " x ", w, ")"));
+    WORKBOOK_CHECK_VALUE(
+        !mul_overflows(h, w, &area) && !add_overflows(start, area, &start) && start <= g.values,
+        text(op, ": `spatial_shapes` must tile the ", g.values,
+             " rows of `value` (dimension 1), but levels 0..", l, " already cover more (level ", l,
+             ": ", h, " x ", w, ")"));
   }
   WORKBOOK_CHECK_VALUE(start == g.values,
                        text(op, ": `spatial_shapes` must tile the ", g.values,
                             " rows of `value` (dimension 1): its levels' areas (height * width) "
-                            "sum to ", start));
+                            "sum to ",
+                            start));
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -208,8 +213,8 @@ inline void check_levels(const char* op, const Geometry& g, const int64_t* shape
 // value is 0 either way). The CPU and the CUDA kernels call this one function.
 template <typename T>
 WORKBOOK_HOST_DEVICE inline bilinear::Point<T> locate(T lx, T ly, int64_t height, int64_t width) {
-  return bilinear::locate(ly * static_cast<T>(height) - T(0.5),
-                          lx * static_cast<T>(width) - T(0.5), height, width);
+  return bilinear::locate(ly * static_cast<T>(height) - T(0.5), lx * static_cast<T>(width) - T(0.5),
+                          height, width);
 }
 
 }  // namespace workbook::ms_deform_attn

@@ -1,4 +1,5 @@
-"""python -m workbook.build N | all [--force] [--require-cuda]: see workbook.build.side_by_side."""
+"""python -m workbook.build N [N ...] | all [--force] [--require-cuda]: see
+workbook.build.side_by_side."""
 
 import sys
 

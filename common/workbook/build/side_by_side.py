@@ -128,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="Build workbook stages under build/.")
-    parser.add_argument("stage", help="stage number, folder name or path, or `all`")
+    parser.add_argument("stage", nargs="+",
+                        help="stage numbers, folder names or paths, or `all`")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--require-cuda", action="store_true",
                         help="exit 1 when a CUDA stage cannot be built with its CUDA kernels "
                         "(skipped, or CPU-only): what a GPU machine's check wants")
     args = parser.parse_args(argv)
-    targets = stages.all_stages() if args.stage == "all" else [stages.get(args.stage)]
+    every = args.stage == ["all"]
+    targets = stages.all_stages() if every else [stages.get(s) for s in args.stage]
     if args.require_cuda and any(s.cuda for s in targets) and cuda_toolkit() is None:
         print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
         return 1
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         # `make test` builds all: where the CUDA tests will run on the emulated device, its
         # kernels are built here too, side by side with the rest.
         return build_side_by_side(targets, force=args.force, require_cuda=args.require_cuda,
-                                  emulated=args.stage == "all" and emulate.active())
+                                  emulated=every and emulate.active())
     return _build_one(targets[0], force=args.force, require_cuda=args.require_cuda)
 
 

@@ -133,8 +133,12 @@ def examples(draw, spec: OpSpec, cases: st.SearchStrategy[Case],
     grad or not (all of them, most often), 1 or 2 threads."""
     case = draw(cases)
     dtype = draw(st.sampled_from(spec.dtypes))
-    names = [name for name, _ in spec.make(case, requires_grad=False).tensors()]
-    chosen = {name: draw(st.sampled_from(layouts)) for name in names}
+    tensors = spec.make(case, requires_grad=False).tensors()
+    names = [name for name, _ in tensors]
+    # An integer argument (an index table) keeps its values: not "expanded", which changes them.
+    keeping = [layout for layout in layouts if layout != "expanded"]
+    chosen = {name: draw(st.sampled_from(layouts if t.is_floating_point() else keeping))
+              for name, t in tensors}
     everything = draw(st.booleans()) or draw(st.booleans())  # all inputs require grad: 3 in 4
     grads = tuple(names) if everything else tuple(n for n in names if draw(st.booleans()))
     example = Example(case, dtype, chosen, grads, draw(SEEDS), draw(THREADS))

@@ -94,9 +94,9 @@ def generic(spec: OpSpec, valid: Callable[[str], Sample],
 
     For each tensor argument: int64 (float32 for an integer argument), bool, float8 and complex
     dtypes, a sparse layout and a Python list or None in its place are refused naming it, and so
-    is the argument on another device (the first argument excepted: it sets the device). For all arguments together: transposed,
-    sliced, expanded (stride 0) and offset storage, nn.Parameter and Tensor-subclass inputs, an
-    empty batch, NaN and inf in the first argument are accepted.
+    is the argument on another device (the first argument excepted: it sets the device). For all
+    arguments together: transposed, sliced, expanded (stride 0) and offset storage, nn.Parameter
+    and Tensor-subclass inputs, an empty batch, NaN and inf in the first argument are accepted.
     """
     optional = set(optional)
     tensors = dict(valid("cpu").tensors())
@@ -234,7 +234,10 @@ def run_row(fn: Callable, spec: OpSpec, row: Row, mode: str,
         if row.shapes is not None:
             wanted = [tuple(s) for s in row.shapes]
         else:
-            on_cpu = sample.map(lambda n, t: torch.zeros(t.shape, dtype=torch.float64))
+            # The reference on CPU zeros of the same shapes; integer tensors (an index table,
+            # whose values a meta tensor does not hold) as the row makes them on the CPU.
+            on_cpu = row.make("cpu").map(lambda n, t: torch.zeros(t.shape, dtype=torch.float64)
+                                         if t.is_floating_point() else t)
             wanted = [tuple(e.shape) for e in as_tuple(on_cpu.call(spec.reference))]
         return shapes == wanted, f"output shapes {shapes}, expected {wanted}"
     if row.check == "runs":

@@ -815,7 +815,7 @@ def msda_sampling_points(spatial_shapes: torch.Tensor, level_start_index: torch.
     fig, axes = plt.subplots(1, levels, figsize=(3.2 * levels, 3.6), squeeze=False)
     cmap = plt.get_cmap("viridis")
     top = float(weights.max()) if weights.numel() else 1.0
-    for l, ((h, w), start, ax) in enumerate(zip(shapes, starts, axes[0])):
+    for level, ((h, w), start, ax) in enumerate(zip(shapes, starts, axes[0])):
         ax.set_xlim(-1, w)
         ax.set_ylim(h, -1)
         ax.set_aspect("equal")
@@ -825,9 +825,9 @@ def msda_sampling_points(spatial_shapes: torch.Tensor, level_start_index: torch.
             ax.plot([c - 0.5, c - 0.5], [-0.5, h - 0.5], color="#dddddd", linewidth=0.5)
         rows = []
         for p in range(locations.shape[1]):
-            lx, ly = (float(v) for v in locations[l, p])
+            lx, ly = (float(v) for v in locations[level, p])
             x, y = lx * w - 0.5, ly * h - 0.5
-            a = float(weights[l, p])
+            a = float(weights[level, p])
             if not (-1 < y < h and -1 < x < w):
                 ax.plot(x, y, "x", color="tab:red", markersize=6)
                 continue
@@ -841,7 +841,7 @@ def msda_sampling_points(spatial_shapes: torch.Tensor, level_start_index: torch.
                     rows.append(row)
             ax.scatter([x], [y], s=30 + 170 * a / top, color=cmap(a / top), edgecolor="k",
                        zorder=3)
-        ax.set_title(f"level {l}: {h} x {w}, rows {start}..{start + h * w - 1}", fontsize=9)
+        ax.set_title(f"level {level}: {h} x {w}, rows {start}..{start + h * w - 1}", fontsize=9)
         shown = ", ".join(str(r) for r in sorted(set(rows))[:8])
         ax.set_xlabel(f"reads rows {shown}{', ...' if len(set(rows)) > 8 else ''}", fontsize=8)
         ax.tick_params(labelsize=7)

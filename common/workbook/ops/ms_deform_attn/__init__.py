@@ -23,7 +23,7 @@ ARG_NAMES = ("value", "spatial_shapes", "level_start_index", "sampling_locations
 
 
 def level_shapes(case: Case) -> list[tuple[int, int]]:
-    return [(case[f"h{l}"], case[f"w{l}"]) for l in range(case["levels"])]
+    return [(case[f"h{level}"], case[f"w{level}"]) for level in range(case["levels"])]
 
 
 def level_table(shapes, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +70,8 @@ def case(name: str, batch: int, queries: int, heads: int, channels: int, points:
          shapes: list[tuple[int, int]], **options) -> Case:
     sizes = {"batch": batch, "queries": queries, "heads": heads, "channels": channels,
              "points": points, "levels": len(shapes)}
-    for l, (h, w) in enumerate(shapes):
-        sizes.update({f"h{l}": h, f"w{l}": w})
+    for level, (h, w) in enumerate(shapes):
+        sizes.update({f"h{level}": h, f"w{level}": w})
     return Case(name, sizes, **options)
 
 

@@ -20,9 +20,9 @@ def cases(draw):
     1 to 4 points."""
     levels = draw(st.integers(1, 4))
     shapes = [(draw(st.integers(0, 6)), draw(st.integers(0, 6))) for _ in range(levels)]
-    sizes = dict(batch=draw(st.integers(0, 3)), queries=draw(st.integers(0, 5)),
-                 heads=draw(st.integers(1, 3)), channels=draw(st.integers(1, 40)),
-                 points=draw(st.integers(1, 4)))
+    sizes = {"batch": draw(st.integers(0, 3)), "queries": draw(st.integers(0, 5)),
+             "heads": draw(st.integers(1, 3)), "channels": draw(st.integers(1, 40)),
+             "points": draw(st.integers(1, 4))}
     name = "_".join(f"{k}{v}" for k, v in sizes.items()) + "_" + "_".join(
         f"{h}x{w}" for h, w in shapes)
     return case(name, shapes=shapes, **sizes)

@@ -21,11 +21,11 @@ at::Tensor ms_deform_attn_autocast(const at::Tensor& value, const at::Tensor& sp
                                    const at::Tensor& level_start_index,
                                    const at::Tensor& sampling_locations,
                                    const at::Tensor& attention_weights) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("extops::ms_deform_attn", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                               const at::Tensor&, const at::Tensor&,
-                                               const at::Tensor&)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("extops::ms_deform_attn", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&)>();
   workbook::BelowAutocast<device> below;
   using workbook::autocast_input;
   // The index tensors are int64: autocast_input passes them through as they are.

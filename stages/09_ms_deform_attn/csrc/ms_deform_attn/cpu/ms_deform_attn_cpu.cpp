@@ -56,12 +56,12 @@ at::Tensor ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial
   const auto value_c = value.contiguous();
   const auto locations_c = sampling_locations.contiguous();
   const auto weights_c = attention_weights.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, value.scalar_type(),
-                                  "ms_deform_attn_cpu", [&] {
-    forward<scalar_t>(g, levels, value_c.const_data_ptr<scalar_t>(),
-                      locations_c.const_data_ptr<scalar_t>(),
-                      weights_c.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>());
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, value.scalar_type(), "ms_deform_attn_cpu", [&] {
+        forward<scalar_t>(g, levels, value_c.const_data_ptr<scalar_t>(),
+                          locations_c.const_data_ptr<scalar_t>(),
+                          weights_c.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>());
+      });
   return out;
 }
 
@@ -71,8 +71,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cpu(
     const at::Tensor& attention_weights, std::array<bool, 3> output_mask,
     bool /*deterministic: the CPU kernels are, always*/) {
   const Geometry g = workbook::ms_deform_attn::check_backward_inputs(
-      grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, c10::DeviceType::CPU);
+      grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+      c10::DeviceType::CPU);
   const auto levels =
       checked_levels("ms_deform_attn_backward", g, spatial_shapes, level_start_index);
   const Wanted want{output_mask[0], output_mask[1], output_mask[2]};
@@ -94,16 +94,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cpu(
   const auto value_c = value.contiguous();
   const auto locations_c = sampling_locations.contiguous();
   const auto weights_c = attention_weights.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, value.scalar_type(),
-                                  "ms_deform_attn_backward_cpu", [&] {
-    backward<scalar_t>(g, levels, grad_c.const_data_ptr<scalar_t>(),
-                       value_c.const_data_ptr<scalar_t>(),
-                       locations_c.const_data_ptr<scalar_t>(),
-                       weights_c.const_data_ptr<scalar_t>(),
-                       want.value ? grad_value.mutable_data_ptr<scalar_t>() : nullptr,
-                       want.locations ? grad_locations.mutable_data_ptr<scalar_t>() : nullptr,
-                       want.weights ? grad_weights.mutable_data_ptr<scalar_t>() : nullptr, want);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, value.scalar_type(), "ms_deform_attn_backward_cpu", [&] {
+        backward<scalar_t>(
+            g, levels, grad_c.const_data_ptr<scalar_t>(), value_c.const_data_ptr<scalar_t>(),
+            locations_c.const_data_ptr<scalar_t>(), weights_c.const_data_ptr<scalar_t>(),
+            want.value ? grad_value.mutable_data_ptr<scalar_t>() : nullptr,
+            want.locations ? grad_locations.mutable_data_ptr<scalar_t>() : nullptr,
+            want.weights ? grad_weights.mutable_data_ptr<scalar_t>() : nullptr, want);
+      });
   return {grad_value, grad_locations, grad_weights};
 }
 

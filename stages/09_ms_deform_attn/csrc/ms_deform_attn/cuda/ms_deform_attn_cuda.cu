@@ -54,13 +54,13 @@ at::Tensor ms_deform_attn_cuda(const at::Tensor& value, const at::Tensor& spatia
   const auto weights_c = attention_weights.contiguous();
   const auto shapes_c = spatial_shapes.contiguous(), starts_c = level_start_index.contiguous();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, value.scalar_type(),
-                                  "ms_deform_attn_cuda", [&] {
-    forward<scalar_t>(g, shapes_c.const_data_ptr<int64_t>(), starts_c.const_data_ptr<int64_t>(),
-                      value_c.const_data_ptr<scalar_t>(), locations_c.const_data_ptr<scalar_t>(),
-                      weights_c.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
-                      stream);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, value.scalar_type(), "ms_deform_attn_cuda", [&] {
+        forward<scalar_t>(
+            g, shapes_c.const_data_ptr<int64_t>(), starts_c.const_data_ptr<int64_t>(),
+            value_c.const_data_ptr<scalar_t>(), locations_c.const_data_ptr<scalar_t>(),
+            weights_c.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), stream);
+      });
   return out;
 }
 
@@ -69,8 +69,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cuda(
     const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
     const at::Tensor& attention_weights, std::array<bool, 3> output_mask, bool deterministic) {
   const Geometry g = workbook::ms_deform_attn::check_backward_inputs(
-      grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, c10::DeviceType::CUDA);
+      grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+      c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(value.device());
   check_level_table("ms_deform_attn_backward", g, spatial_shapes, level_start_index);
   const bool want_value = output_mask[0], want_locations = output_mask[1],
@@ -79,17 +79,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cuda(
   const auto acc_options = options.dtype(at::toOpMathType(value.scalar_type()));
   // Every sample writes its location and weight gradient (zeros where the point is outside),
   // so those need no zeroing; value's is a sum.
-  at::Tensor grad_value_acc = want_value ? at::zeros(value.sizes(), acc_options)
-                                         : at::empty({0}, acc_options);
-  at::Tensor grad_locations = want_locations ? at::empty(sampling_locations.sizes(), options)
-                                             : at::empty({0}, options);
-  at::Tensor grad_weights = want_weights ? at::empty(attention_weights.sizes(), options)
-                                         : at::empty({0}, options);
+  at::Tensor grad_value_acc =
+      want_value ? at::zeros(value.sizes(), acc_options) : at::empty({0}, acc_options);
+  at::Tensor grad_locations =
+      want_locations ? at::empty(sampling_locations.sizes(), options) : at::empty({0}, options);
+  at::Tensor grad_weights =
+      want_weights ? at::empty(attention_weights.sizes(), options) : at::empty({0}, options);
   if (grad_locations.numel() > 0 && g.channels == 0) grad_locations.zero_();
   if (grad_weights.numel() > 0 && g.channels == 0) grad_weights.zero_();
   const auto finish = [&]() {
-    at::Tensor grad_value = want_value ? grad_value_acc.to(value.scalar_type())
-                                       : at::empty({0}, options);
+    at::Tensor grad_value =
+        want_value ? grad_value_acc.to(value.scalar_type()) : at::empty({0}, options);
     return std::make_tuple(grad_value, grad_locations, grad_weights);
   };
   if (g.batch * g.queries * g.heads == 0 || g.channels == 0) return finish();
@@ -101,32 +101,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cuda(
   const int64_t* shapes = shapes_c.const_data_ptr<int64_t>();
   const int64_t* starts = starts_c.const_data_ptr<int64_t>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, value.scalar_type(),
-                                  "ms_deform_attn_backward_cuda", [&] {
-    using T = opmath_t<scalar_t>;
-    const scalar_t* go = grad_c.const_data_ptr<scalar_t>();
-    const scalar_t* locations = locations_c.const_data_ptr<scalar_t>();
-    const scalar_t* weights = weights_c.const_data_ptr<scalar_t>();
-    T* gv = want_value ? grad_value_acc.mutable_data_ptr<T>() : nullptr;
-    if (want_locations || want_weights || (want_value && !deterministic)) {
-      backward_atomic<scalar_t>(
-          g, shapes, starts, go, value_c.const_data_ptr<scalar_t>(), locations, weights,
-          deterministic ? nullptr : gv,
-          want_locations ? grad_locations.mutable_data_ptr<scalar_t>() : nullptr,
-          want_weights ? grad_weights.mutable_data_ptr<scalar_t>() : nullptr, stream);
-    }
-    if (want_value && deterministic) {
-      const int64_t images = images_per_chunk<T>(g, kSortBudgetBytes);
-      const int64_t entries = 4 * images * g.queries * g.heads * g.levels * g.points;
-      auto space = at::empty({static_cast<int64_t>(SortBuffers<T>::bytes(entries))},
-                             options.dtype(at::kByte));
-      const auto buffers = SortBuffers<T>::carve(space.mutable_data_ptr(), entries);
-      for (int64_t n0 = 0; n0 < g.batch; n0 += images) {
-        gather_value_gradient<scalar_t>(g, n0, std::min(images, g.batch - n0), shapes, starts, go,
-                                        locations, weights, gv, buffers, stream);
-      }
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, value.scalar_type(), "ms_deform_attn_backward_cuda", [&] {
+        using T = opmath_t<scalar_t>;
+        const scalar_t* go = grad_c.const_data_ptr<scalar_t>();
+        const scalar_t* locations = locations_c.const_data_ptr<scalar_t>();
+        const scalar_t* weights = weights_c.const_data_ptr<scalar_t>();
+        T* gv = want_value ? grad_value_acc.mutable_data_ptr<T>() : nullptr;
+        if (want_locations || want_weights || (want_value && !deterministic)) {
+          backward_atomic<scalar_t>(
+              g, shapes, starts, go, value_c.const_data_ptr<scalar_t>(), locations, weights,
+              deterministic ? nullptr : gv,
+              want_locations ? grad_locations.mutable_data_ptr<scalar_t>() : nullptr,
+              want_weights ? grad_weights.mutable_data_ptr<scalar_t>() : nullptr, stream);
+        }
+        if (want_value && deterministic) {
+          const int64_t images = images_per_chunk<T>(g, kSortBudgetBytes);
+          const int64_t entries = 4 * images * g.queries * g.heads * g.levels * g.points;
+          auto space = at::empty({static_cast<int64_t>(SortBuffers<T>::bytes(entries))},
+                                 options.dtype(at::kByte));
+          const auto buffers = SortBuffers<T>::carve(space.mutable_data_ptr(), entries);
+          for (int64_t n0 = 0; n0 < g.batch; n0 += images) {
+            gather_value_gradient<scalar_t>(g, n0, std::min(images, g.batch - n0), shapes, starts,
+                                            go, locations, weights, gv, buffers, stream);
+          }
+        }
+      });
   return finish();
 }
 

@@ -45,7 +45,7 @@ using workbook::opmath_t;  // float for half and bfloat16, else the type itself
 using workbook::ms_deform_attn::Geometry;
 
 constexpr int kWarp = 32;
-constexpr int kThreads = 256;                      // 8 head rows per block
+constexpr int kThreads = 256;  // 8 head rows per block
 constexpr int kRowsPerBlock = kThreads / kWarp;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // a grid-stride loop covers the rest
 
@@ -70,8 +70,10 @@ __device__ __forceinline__ int64_t row_stride() {
 
 // Sample k of head row r: its point on level l and its weight. `start` is the level's first row.
 template <typename T, typename scalar_t>
-__device__ __forceinline__ workbook::bilinear::Point<T> sample_point(
-    const Shape& s, const int64_t* shapes, const scalar_t* locations, int64_t r, int64_t k) {
+__device__ __forceinline__ workbook::bilinear::Point<T> sample_point(const Shape& s,
+                                                                     const int64_t* shapes,
+                                                                     const scalar_t* locations,
+                                                                     int64_t r, int64_t k) {
   const int64_t l = k / s.points;
   const scalar_t* loc = locations + (r * s.levels * s.points + k) * 2;
   return workbook::ms_deform_attn::locate<T>(static_cast<T>(loc[0]), static_cast<T>(loc[1]),
@@ -180,7 +182,8 @@ __global__ void __launch_bounds__(kThreads)
           sample += p.weight(j) * v * g;
           d_dx += p.d_weight_dx(j) * v * g;
           d_dy += p.d_weight_dy(j) * v * g;
-          if (grad_value != nullptr) atomicAdd(grad_value + at, static_cast<acc_t>(a * p.weight(j) * g));
+          if (grad_value != nullptr)
+            atomicAdd(grad_value + at, static_cast<acc_t>(a * p.weight(j) * g));
         }
       }
       sample = warp_sum(sample);
@@ -313,9 +316,9 @@ inline unsigned int blocks_for(int64_t items, int64_t per_block) {
 }
 
 template <typename scalar_t>
-void forward(const Geometry& g, const int64_t* shapes, const int64_t* starts,
-             const scalar_t* value, const scalar_t* locations, const scalar_t* weights,
-             scalar_t* out, cudaStream_t stream) {
+void forward(const Geometry& g, const int64_t* shapes, const int64_t* starts, const scalar_t* value,
+             const scalar_t* locations, const scalar_t* weights, scalar_t* out,
+             cudaStream_t stream) {
   const Shape s = shape_of(g);
   if (s.rows() == 0 || s.channels == 0) return;
   forward_kernel<scalar_t><<<blocks_for(s.rows(), kRowsPerBlock), kThreads, 0, stream>>>(
@@ -442,8 +445,8 @@ void gather_value_gradient(const Geometry& g, int64_t n0, int64_t images, const 
   check_cub(cub::DeviceRadixSort::SortPairs(b.scratch, scratch, b.keys, b.sorted_keys, b.entries,
                                             b.order, count, 0, key_bits(none), stream),
             "radix sort");
-  run_heads_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(count, none,
-                                                                         b.sorted_keys, b.heads);
+  run_heads_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(count, none, b.sorted_keys,
+                                                                         b.heads);
   check_launch("run_heads");
   scratch = b.scratch_bytes;
   check_cub(cub::DeviceScan::InclusiveSum(b.scratch, scratch, b.heads, b.runs, count, stream),
