@@ -31,10 +31,11 @@ export PYTHONPATH := $(REPO)/common$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PATH := $(dir $(abspath $(PY))):$(PATH)
 
 # The stages are the folders stages/NN_name (each described by its stage.toml): `make stage 6`
-# and `make stage 06` both name stages/06_*. Nothing here lists them.
+# and `make stage 06` both name stages/06_*. Nothing here lists them. (sort drops the duplicates
+# of numbers without a leading 0, such as 10, which a rule may not name twice.)
 STAGE_FOLDERS := $(notdir $(wildcard $(REPO)/stages/[0-9][0-9]_*))
 STAGE_NUMBERS := $(foreach f,$(STAGE_FOLDERS),$(shell echo $(f) | cut -c1-2))
-STAGE_GOALS := $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS))
+STAGE_GOALS := $(sort $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS)))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
 .PHONY: help stage test demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
@@ -64,7 +65,7 @@ help:
 	@echo "  make verify N    build your copy of stage N and run the stage's tests on it"
 	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
-	@echo "  make bench-abi   the stable ABI's cost: stage 09's extops against stage 07's, interleaved"
+	@echo "  make bench-abi   the stable ABI's cost: stage 10's extops against stage 07's, interleaved"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
@@ -75,7 +76,7 @@ help:
 	@echo "  make lint        ruff (Python) and clang-format (C++/CUDA) over the tree"
 	@echo "  make gpu-check   on a GPU machine: build, test, sanitize and time the CUDA stages (OUT=dir)"
 	@echo "  make install     pip-install the production library into this Python"
-	@echo "  make wheel       the stable-ABI library (stage 9) as one abi3 wheel, in dist/"
+	@echo "  make wheel       the stable-ABI library (stage 10) as one abi3 wheel, in dist/"
 	@echo "  make abi-check   that wheel, built once, tested under two torch versions (TORCH=2.x.y)"
 	@echo "  make cuda-toolkit  install nvcc and CUDA headers from pip where no matching toolkit is found"
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
@@ -175,10 +176,11 @@ bench: $(ENV_READY)
 	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
 	@$(if $(OP),,$(PY) $(REPO)/bench/stable_abi.py $(if $(findstring --smoke,$(BENCH_ARGS)),--smoke))
 
-# What the stable ABI costs: stage 09's extops against stage 07's, timed in turn in two processes.
+# What the stable ABI costs: stage 10's extops against stage 07's, timed in turn in two processes.
+# The two stages are the ones bench/stable_abi.py compares (found on disk), built first.
 bench-abi: $(ENV_READY)
-	@$(PY) -m workbook.build 7
-	@$(PY) -m workbook.build 8
+	@for n in $$($(PY) -c "import sys; sys.path[:0] = ['$(REPO)/bench']; import stable_abi; \
+		print(*stable_abi.STAGES)"); do $(PY) -m workbook.build $$n || exit 1; done
 	@$(PY) $(REPO)/bench/stable_abi.py $(BENCH_ARGS)
 
 # -- notebooks ---------------------------------------------------------------------------------
@@ -218,10 +220,10 @@ lab: $(ENV_READY)
 install: $(ENV_READY)
 	@$(PY) -m pip install --no-build-isolation "$$($(PY) -m workbook.build.stages --production)"
 
-# The stable-ABI library (stage 09) as a wheel, in dist/: one build for every torch from 2.10 and
+# The stable-ABI library (stage 10) as a wheel, in dist/: one build for every torch from 2.10 and
 # every CPython from 3.10 (tagged cp310-abi3).
 wheel: $(ENV_READY)
-	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/09_stable_abi
+	@$(PY) -m pip wheel --no-build-isolation --no-deps -w $(REPO)/dist $(REPO)/stages/10_stable_abi
 	@ls -1 $(REPO)/dist/*.whl
 
 # That wheel, built once, tested under the pinned torch and under torch 2.13.0 (TORCH=2.x.y for

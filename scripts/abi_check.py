@@ -1,22 +1,22 @@
-"""make abi-check: stage 09's wheel built once, then its tests under two torch versions, with no
+"""make abi-check: stage 10's wheel built once, then its tests under two torch versions, with no
 rebuild between them: the proof that the stable ABI makes one binary.
 
     make abi-check                 the pinned torch (this environment's) and torch 2.13.0
     make abi-check TORCH=2.x.y     another second version, where pip can get one
 
-1. `pip wheel` builds stages/09_stable_abi once, with this environment's torch, into dist/: an
+1. `pip wheel` builds stages/10_stable_abi once, with this environment's torch, into dist/: an
    abi3 wheel (checked by its name), CPU-only (WORKBOOK_NO_CUDA=1: the second torch is a CPU
    build; its CUDA tests skip in both runs, WORKBOOK_CUDA=off, saying why).
 2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
    machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX).
-3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 09's
+3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 10's
    tests run on that installed package (WORKBOOK_INSTALLED: workbook.build.loader imports it
    instead of building the stage), once per torch.
 4. Both summaries are printed. The check fails if either run fails, or if their passed counts
    differ by more than the tests that compare with torchvision (which is not installed beside
    the second torch: PyPI's torchvision does not import beside a CPU build of 2.13.0).
 
-The symbol test (stage 09's test_stable_abi.py) runs in both: the library imports no C++ symbol
+The symbol test (stage 10's test_stable_abi.py) runs in both: the library imports no C++ symbol
 of libtorch or c10, only their C shims.
 """
 

@@ -324,7 +324,7 @@ def check_build_dir() -> None:
 
 
 def stable_abi(library: Path) -> bool:
-    """Whether a built library calls libtorch through the stable ABI's C shims only (stage 09):
+    """Whether a built library calls libtorch through the stable ABI's C shims only (stage 10):
     no C++ name of c10, ATen or torch among the symbols it needs, so no C++11 ABI to clash."""
     try:
         out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True,

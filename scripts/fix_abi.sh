@@ -167,7 +167,7 @@ inspect_symbols() {  # $1: library
   fi
 }
 
-# A stable-ABI build (stage 09) calls libtorch through its C shims only (aoti_torch_*, torch_*):
+# A stable-ABI build (stage 10) calls libtorch through its C shims only (aoti_torch_*, torch_*):
 # no C++ name of c10, ATen or torch among its undefined symbols, so its C++11 ABI setting cannot
 # clash with torch's. True for such a library.
 stable_abi() {  # $1: library

@@ -566,7 +566,7 @@ def normalized(text: str) -> str:
 
 def kernel_source(path: Path) -> str:
     """A kernel file's text, with its kernel header's (x.cuh beside x.cu: stages 05 and 07 keep
-    their kernels and launchers there, shared with stage 09, and their ATen glue in the .cu)."""
+    their kernels and launchers there, shared with stage 10, and their ATen glue in the .cu)."""
     header = path.with_suffix(".cuh")
     return path.read_text() + ("\n" + header.read_text() if header.is_file() else "")
 

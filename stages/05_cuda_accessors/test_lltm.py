@@ -25,7 +25,7 @@ from workbook.spec import Sample
 SPEC = ops.get("lltm")
 STAGE = stages.here(__file__)
 # The devices the stage under test has kernels for: the CPU, and CUDA (a GPU, or the emulated CUDA
-# device: workbook.build.emulate) where its stage.toml says `cuda = true`. Stage 09, which runs
+# device: workbook.build.emulate) where its stage.toml says `cuda = true`. Stage 10, which runs
 # these tests too, has CPU kernels only so far: there the CUDA tests below are not defined.
 CUDA_DEVICES = [testing.CUDA] if STAGE.cuda else []
 DEVICES = ["cpu", *CUDA_DEVICES]

@@ -29,7 +29,7 @@ ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 def torchvision_ops():
     """torchvision.ops, or a skip of the test that compares with it. Only those tests need it:
     everything against the float64 reference runs without torchvision (beside a torch that no
-    torchvision wheel matches, as stage 09's abi check runs it)."""
+    torchvision wheel matches, as stage 10's abi check runs it)."""
     return pytest.importorskip("torchvision.ops",
                                reason="torchvision is the comparison baseline of this test: "
                                       "pip install torchvision")

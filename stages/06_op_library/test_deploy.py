@@ -235,7 +235,7 @@ def test_direct_op_calls_keep_the_cpp_types():
     sample = DEFORM.make(DEFORM.case("torchvision_b1"), requires_grad=False)
     x, offset, weight, bias = sample.args
     package()
-    # Built on the stable ABI (stage 09), a check can throw only a std::exception, which arrives
+    # Built on the stable ABI (stage 10), a check can throw only a std::exception, which arrives
     # as RuntimeError with the class it means first in the message (workbook/checks.h).
     kind, prefix = (RuntimeError, r"\[ValueError\] ") if STAGE.stable_abi else (ValueError, "")
     with pytest.raises(kind, match=f"^{prefix}deform_conv2d: `offset`") as caught:

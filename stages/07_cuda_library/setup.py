@@ -1,12 +1,12 @@
 """Build or install stage 07, the `extops` library on ATen: stage 06's sources plus the CUDA
-kernels of the deformable convolution (`make install` installs stage 09's: the same kernels on the
+kernels of the deformable convolution (`make install` installs stage 10's: the same kernels on the
 stable ABI).
 
     make stage 7                                           build under build/ and test
     pip install --no-build-isolation ./stages/07_cuda_library    then: import extops
 
 Why this folder holds one kernel file and its glue: stage 07 differs from stage 06 by
-csrc/deform_conv2d/cuda/ alone (deform_conv2d_cuda.cuh, the kernels, which stage 09 compiles too;
+csrc/deform_conv2d/cuda/ alone (deform_conv2d_cuda.cuh, the kernels, which stage 10 compiles too;
 deform_conv2d_cuda.cu, their ATen glue). A copy of stage 06's schemas, CPU kernels, LLTM and
 Python package would be the same files twice, to keep in step by hand, and `diff -ru` against
 stage 06 would show nothing but that folder anyway; so the library is built from

@@ -73,7 +73,7 @@ def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
 
 def test_the_production_library_runs_these_kernels():
     # make install installs the last stage marked production: this one, or one that compiles its
-    # kernels (stage 09, the same kernels on the stable ABI), which runs this file's tests too.
+    # kernels (stage 10, the same kernels on the stable ABI), which runs this file's tests too.
     production = stages.production()
     assert production == STAGE or STAGE.folder in production.sources_from, production.label
 

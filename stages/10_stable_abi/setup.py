@@ -1,9 +1,9 @@
-"""Build or install stage 09, the `extops` library on PyTorch's stable ABI: the production library.
+"""Build or install stage 10, the `extops` library on PyTorch's stable ABI: the production library.
 
-    make stage 9                                     build under build/ and test
+    make stage 10                                    build under build/ and test
     make wheel                                       the wheel, in dist/ (tagged cp310-abi3)
     make abi-check                                   that one wheel's tests under two torch versions
-    make install    (pip install --no-build-isolation ./stages/09_stable_abi)    import extops
+    make install    (pip install --no-build-isolation ./stages/10_stable_abi)    import extops
 
 Two promises make the one binary, and this file asks for both:
 

@@ -1,4 +1,4 @@
-"""Stage 09: the deformable convolution on the stable ABI passes stage 06's tests, run here.
+"""Stage 10: the deformable convolution on the stable ABI passes stage 06's tests, run here.
 
 The library compiles stage 06's kernels (deform_conv2d_cpu.h) with glue written against
 torch/csrc/stable, and its Python modules are stage 06's, autocast registered from Python

@@ -1,4 +1,4 @@
-"""Stage 09: the deformable convolution's CUDA kernels on the stable ABI pass stage 07's tests, run
+"""Stage 10: the deformable convolution's CUDA kernels on the stable ABI pass stage 07's tests, run
 here.
 
 The library compiles stage 07's kernels (deform_conv2d_cuda.cuh) with glue written against

@@ -1,4 +1,4 @@
-"""Stage 09: the library where models are trained and shipped, on the stable ABI: stage 06's
+"""Stage 10: the library where models are trained and shipped, on the stable ABI: stage 06's
 deployment tests, run here on this library.
 
 Every path they check must hold for the one binary too: TorchScript, the errors torchvision's

@@ -1,4 +1,4 @@
-"""Stage 09: the LLTM on the stable ABI passes stage 05's tests, run here on this library.
+"""Stage 10: the LLTM on the stable ABI passes stage 05's tests, run here on this library.
 
 The library compiles stage 05's kernels as they are, with glue written against torch/csrc/stable;
 its Python modules are stage 06's, with autograd and autocast registered from Python

@@ -1,4 +1,4 @@
-"""Stage 09: what makes the library one binary for many torch versions, read off the built one.
+"""Stage 10: what makes the library one binary for many torch versions, read off the built one.
 
 The library may call libtorch only through its C shims (aoti_torch_*, torch_*), whose names and
 signatures stay from release to release; a C++ symbol of libtorch or c10 (a mangled name under

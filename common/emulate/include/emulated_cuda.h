@@ -46,7 +46,7 @@
 // turns, so code that spins waiting for another thread's store never sees it).
 #pragma once
 
-// Both ABIs: a kernel file of stage 09 is compiled with TORCH_TARGET_VERSION, which refuses
+// Both ABIs: a kernel file of stage 10 is compiled with TORCH_TARGET_VERSION, which refuses
 // every header of c10 and ATen; there the blocks are shared out by torch::stable::parallel_for
 // (libtorch's own at::parallel_for, through a C shim).
 #ifdef TORCH_TARGET_VERSION

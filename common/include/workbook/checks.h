@@ -22,7 +22,7 @@
 // <ATen/ATen.h> (every op: twice as long to parse): a file that keeps to per-operator headers, as
 // stage 01's z2xy.cpp does, stays quick to compile with the checks in it.
 //
-// Two ABIs, one header. Compiled for the stable ABI (TORCH_TARGET_VERSION defined: stage 09),
+// Two ABIs, one header. Compiled for the stable ABI (TORCH_TARGET_VERSION defined: stage 10),
 // the same checks read a torch::stable::Tensor, which answers the same questions (dim, sizes,
 // scalar_type, layout, device) through libtorch's C shims. What the stable ABI lacks is typed
 // exceptions: c10::TypeError and c10::ValueError are C++ classes of libtorch, and only a

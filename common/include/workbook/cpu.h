@@ -3,7 +3,7 @@
 //
 // The kernels of stage 05 (the LLTM) are written once, over raw pointers, and compiled into two
 // libraries: the ATen ones (stages 05 to 07, which link libtorch's C++ API) and the stable-ABI
-// one (stage 09, compiled with TORCH_TARGET_VERSION, which may include only torch/csrc/stable
+// one (stage 10, compiled with TORCH_TARGET_VERSION, which may include only torch/csrc/stable
 // and torch/headeronly: c10's and ATen's headers refuse to compile there). This header is where
 // the two differ, so the kernels need not:
 //
@@ -22,7 +22,7 @@
 //                                 calling glibc's vector math library (libmvec: expf 4 lanes at
 //                                 a time with SSE, as _ZGVbN4v_expf) for the functions declared
 //                                 below as having vector versions. What is left against at::vec
-//                                 (16 lanes with AVX-512) is measured in stage 09's README. On
+//                                 (16 lanes with AVX-512) is measured in stage 10's README. On
 //                                 ATen's side the scalar loop is a tail, and the macro is empty.
 //   WORKBOOK_SIMD_SUM(a, b)       the same for a loop that sums into a and b: `#pragma omp simd
 //                                 reduction(+ : a, b)`, which lets the compiler keep one partial
@@ -52,7 +52,7 @@
 
 // glibc's math functions that have vector versions in libmvec (exp since glibc 2.22, tanh since
 // 2.35), declared so: <math.h> declares them so only under -ffast-math, which would also let the
-// compiler drop NaN and inf handling. The library links libmvec (stage 09's setup.py).
+// compiler drop NaN and inf handling. The library links libmvec (stage 10's setup.py).
 extern "C" {
 __attribute__((simd("notinbranch"))) float expf(float) noexcept;
 __attribute__((simd("notinbranch"))) double exp(double) noexcept;

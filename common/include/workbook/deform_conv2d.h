@@ -21,7 +21,7 @@
 // other: the tests compare the two on every bad input.
 //
 // Two ABIs, one header, as workbook/checks.h: the ATen stages (06, 07) pass at::Tensor and
-// IntList, stage 09 torch::stable::Tensor and the stable ABI's HeaderOnlyArrayRef
+// IntList, stage 10 torch::stable::Tensor and the stable ABI's HeaderOnlyArrayRef
 // (workbook::Tensor, workbook::IntList), and the messages are the same text on both.
 //
 // Sections: geometry, checks, chunks.

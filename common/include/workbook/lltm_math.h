@@ -36,7 +36,7 @@ WORKBOOK_HOST_DEVICE inline T d_tanh(T z) {
 // Exponential linear unit: z for z > 0, alpha (e^z - 1) otherwise. The LLTM uses alpha = 1.
 // elu and d_elu compute exp(z) for every z and then choose, rather than branch around it: the
 // same values (exp of a large z is computed and discarded), and a choice, unlike a branch around
-// a call, lets a compiler vectorise a loop over them (stage 09's kernels: workbook/cpu.h).
+// a call, lets a compiler vectorise a loop over them (stage 10's kernels: workbook/cpu.h).
 template <typename T>
 WORKBOOK_HOST_DEVICE inline T elu(T z, T alpha = T(1)) {
   const T below = alpha * (std::exp(z) - T(1));

@@ -3,7 +3,7 @@
 // workbook::opmath_t<T> is float for c10::Half and c10::BFloat16 (loaded and stored as 16 bits,
 // blended in float), T itself for float and double: what ATen's at::opmath_type says, for kernel
 // headers that include nothing of ATen's (stage 05's lltm_cuda.cuh, stage 07's
-// deform_conv2d_cuda.cuh), so that stage 09 compiles them on the stable ABI. The two 16-bit types
+// deform_conv2d_cuda.cuh), so that stage 10 compiles them on the stable ABI. The two 16-bit types
 // are header-only there (torch/headeronly/util), the same classes ATen's c10/util headers give.
 #pragma once
 

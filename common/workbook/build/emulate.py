@@ -119,7 +119,7 @@ def name_device() -> None:
     """Name the device (torch.device understands the name from here on) and register its module,
     torch.<device>, which says it is available once ensure_device() has loaded it. torch asks for
     that module as soon as the device has a name (torch.accelerator, torch.compile's tracer), even
-    in a process whose tests never load it (a stage without CUDA kernels, stage 09)."""
+    in a process whose tests never load it (a stage without CUDA kernels, stage 10)."""
     import torch
 
     if torch._C._get_privateuse1_backend_name() != DEVICE:
@@ -382,7 +382,7 @@ class Plan:
     def includes(self) -> tuple[Path, ...]:
         """The include path a kernel file is compiled with, before the emulator's and the
         workbook's: the rewritten kernel headers, then the csrc/ folders of the stage's sources
-        (as its setup.py names them, for headers such as stage 09's lltm/lltm_stable.h)."""
+        (as its setup.py names them, for headers such as stage 10's lltm/lltm_stable.h)."""
         return (self.include_dir, *(d / "csrc" for d in self.stage.source_dirs))
 
     @property

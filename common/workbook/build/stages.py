@@ -125,7 +125,7 @@ class Stage:
     @property
     def torch_target_version(self) -> str | None:
         """The TORCH_TARGET_VERSION its setup.py builds with (`TORCH_TARGET = "0x..."`: stage
-        09), or None: an ATen stage."""
+        10), or None: an ATen stage."""
         setup = self.source_dir / "setup.py"
         found = re.search(r'^TORCH_TARGET\s*=\s*"(0x[0-9a-fA-F]+)"', setup.read_text(), re.M) \
             if setup.is_file() else None
@@ -134,7 +134,7 @@ class Stage:
     @property
     def stable_abi(self) -> bool:
         """Whether its library is built on PyTorch's stable ABI (its setup.py sets
-        TORCH_TARGET_VERSION: stage 09), where a C++ check can raise only RuntimeError."""
+        TORCH_TARGET_VERSION: stage 10), where a C++ check can raise only RuntimeError."""
         return self.torch_target_version is not None
 
     @property
@@ -243,8 +243,8 @@ def providing(op: str) -> list[Stage]:
 
 def fullest(candidates: list[Stage] | None = None) -> dict[str, Stage]:
     """Per package, the stage a tool loads when it can load one per process: the one that
-    provides the most ops, the newest of those. Stages 06, 07 and 09 all build `extops`, each
-    with both ops: that is 09 (the stable ABI), on the CPU and where CUDA runs (callers pass the
+    provides the most ops, the newest of those. Stages 06, 07 and 10 all build `extops`, each
+    with both ops: that is 10 (the stable ABI), on the CPU and where CUDA runs (callers pass the
     stages that run on their device)."""
     chosen: dict[str, Stage] = {}
     for s in candidates if candidates is not None else all_stages():

@@ -172,7 +172,7 @@ def runtimes() -> list[str]:
 
 
 def own_cpu_sources(s: Stage) -> list[Path]:
-    """The C++ files in stage s's own folder (stage 06's deform_conv2d, stage 09's glue), beside
+    """The C++ files in stage s's own folder (stage 06's deform_conv2d, stage 10's glue), beside
     those it compiles from other stages (sources_from)."""
     return sorted(s.source_dir.rglob("*.cpp"))
 

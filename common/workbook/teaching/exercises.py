@@ -415,7 +415,7 @@ def stub(e: Exercise, text: str | None = None) -> list[str]:
     else:
         where, returns = context(e, text)
         literals = _literal_lines(message, 96 - len(inner), _c_string)
-        # A file on the stable ABI (stage 09) has no TORCH_CHECK, which is c10's: its own is
+        # A file on the stable ABI (stage 10) has no TORCH_CHECK, which is c10's: its own is
         # STD_TORCH_CHECK (torch/headeronly), which throws std::runtime_error.
         stable = "torch/csrc/stable/" in (text if text is not None else e.path.read_text())
         check = [f"{pad}{'STD_TORCH_CHECK' if stable else 'TORCH_CHECK'}(false,",

@@ -7,7 +7,7 @@
 //                  a SIMD vector at a time with at::vec: 16 floats with AVX-512, 8 with AVX2,
 //                  the width ATen itself runs on the build machine (build.cpu_simd_flags())
 //
-// Sections: launchers (the ops), registration. The kernels are in lltm_cpu.h (stage 09 compiles
+// Sections: launchers (the ops), registration. The kernels are in lltm_cpu.h (stage 10 compiles
 // them too, on the stable ABI), the checks in workbook/lltm_checks.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

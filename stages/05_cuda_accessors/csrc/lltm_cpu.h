@@ -1,11 +1,11 @@
 // Stage 05: the LLTM's fused CPU kernels, over raw pointers: one pass over the gates each way.
 //
 // Two kinds of library compile them: the ATen ones (lltm_cpu.cpp here, which stages 06 and 07
-// compile into extops too) and stage 09's, on the stable ABI (its csrc/lltm/cpu/lltm_cpu.cpp).
+// compile into extops too) and stage 10's, on the stable ABI (its csrc/lltm/cpu/lltm_cpu.cpp).
 // So this file includes nothing of ATen's: the parallel loop, the compute type and the SIMD
 // vectors come from workbook/cpu.h, which picks them for the ABI being compiled. What differs
 // between the two libraries is the glue around these kernels (tensors, dtype dispatch,
-// registration): `make diff 9` shows it.
+// registration): `make diff 10` shows it.
 //
 // The math (sigmoid, elu and their derivatives) is in workbook/lltm_math.h, shared with the GPU.
 #pragma once

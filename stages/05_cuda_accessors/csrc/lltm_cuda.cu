@@ -19,7 +19,7 @@
 //
 // This file is the ATen glue: the accessors, the ops (checks, the GEMMs, the launches) and their
 // registration. The kernels and their launchers are lltm_cuda.cuh beside it, generic over the
-// matrix type so that stage 09 compiles them too, with its own glue on the stable ABI. The input
+// matrix type so that stage 10 compiles them too, with its own glue on the stable ABI. The input
 // checks are workbook/lltm_checks.h, shared with the CPU kernel; the schemas are in lltm.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

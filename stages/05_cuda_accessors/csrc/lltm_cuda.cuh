@@ -1,11 +1,11 @@
 // Stage 05: the LLTM cell's pointwise math as fused CUDA kernels, and their launchers.
 //
 // Two kinds of library compile them: the ATen ones (lltm_cuda.cu beside this file, which stages
-// 06 and 07 compile too) and stage 09's, on the stable ABI (its csrc/lltm/cuda/lltm_cuda.cu). So
+// 06 and 07 compile too) and stage 10's, on the stable ABI (its csrc/lltm/cuda/lltm_cuda.cu). So
 // this file includes nothing of ATen's, and the kernels read their matrices through a type the
 // glue chooses, Matrix<T, index_t>, anything that indexes as m[b][s] and answers m.size(0) and
 // m.size(1): stage 05's packed accessor (at::GenericPackedTensorAccessor, 2-D, restrict
-// pointers), or stage 09's RowMajor (a pointer and two sizes). A launch failure throws through
+// pointers), or stage 10's RowMajor (a pointer and two sizes). A launch failure throws through
 // workbook/checks.h. The run card, and what accessors add over raw pointers, are in lltm_cuda.cu.
 #pragma once
 

@@ -51,7 +51,7 @@ class ExtopsTypeError(TypeError, RuntimeError):
     """A bad type, dtype or layout (also a RuntimeError, as torchvision raises)."""
 
 
-# Built on the stable ABI (stage 09), the C++ checks cannot raise c10's ValueError and TypeError
+# Built on the stable ABI (stage 10), the C++ checks cannot raise c10's ValueError and TypeError
 # (C++ classes of libtorch): they raise RuntimeError, the class they mean first in the message,
 # "[ValueError] lltm: ..." (workbook/checks.h). `call` raises those as the class they name.
 _NAMED_CLASSES = {"[TypeError] ": TypeError, "[ValueError] ": ValueError}

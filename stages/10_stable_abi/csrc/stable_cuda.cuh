@@ -1,4 +1,4 @@
-// Stage 09: what the CUDA glue of both ops needs from torch's CUDA C shims, on the stable ABI.
+// Stage 10: what the CUDA glue of both ops needs from torch's CUDA C shims, on the stable ABI.
 //
 //   CudaGuard              c10::cuda::CUDAGuard        aoti_torch_create_cuda_guard
 //   current_stream(t)      getCurrentCUDAStream()      aoti_torch_get_current_cuda_stream

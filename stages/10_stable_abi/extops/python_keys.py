@@ -9,7 +9,7 @@ libtorch, outside the stable ABI, so this library registers the same two layers 
 * autograd with torch.library.register_autograd, the formula stage 05 registers for its own ops:
   the backward op's inputs saved in the forward, `gates` not differentiable, and no double
   backward. It costs more per call than stage 06's C++ layer: bench/ measures it (`make bench
-  OP=lltm`), and stage 09's README says by how much;
+  OP=lltm`), and stage 10's README says by how much;
 * autocast as a Python kernel on the Autocast keys, for both ops' forwards: every floating
   input on the region's device cast to the region's dtype (torch.get_autocast_dtype), then the
   op called again below the autocast layer. This is workbook/autocast.h's rule, written with

@@ -134,9 +134,9 @@ def conv2d_sample(config: Config, device: str) -> Sample:
 
 def measured_stages(device: str) -> list[stages.Stage]:
     """The stages this benchmark measures on `device`: of the stages building one package (06, 07
-    and 08 build `extops`), the one a process loads there (ops.implementations, as the harness
-    takes them): on the CPU stage 09, whose CPU kernels are stage 06's compiled on the stable
-    ABI, on a GPU stage 07. bench/stable_abi.py times 08 against 07 on the CPU, which one process
+    and 10 build `extops`), the one a process loads there (ops.implementations, as the harness
+    takes them): on the CPU stage 10, whose CPU kernels are stage 06's compiled on the stable
+    ABI, on a GPU stage 07. bench/stable_abi.py times 10 against 07 on the CPU, which one process
     cannot load together."""
     return [i.stage for i in ops.implementations("deform_conv2d", device)]
 

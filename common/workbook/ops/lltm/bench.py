@@ -160,7 +160,7 @@ def implementations(device: str) -> list[Impl]:
 # GPU: bandwidth of the fused pointwise kernels against a copy
 
 # Bytes per (batch, state) element of the fused pointwise kernels, restated from the comments next
-# to the kernels (stages/04_*/csrc/lltm_cuda.cu, 05_*/csrc/lltm_cuda.cuh, which stages 06 to 09
+# to the kernels (stages/04_*/csrc/lltm_cuda.cu, 05_*/csrc/lltm_cuda.cuh, which stages 06 to 10
 # compile):
 #   forward:  reads gates (3 values) + old_cell (1); writes new_h + new_cell (2): 6 values
 #   backward: reads grad_h, grad_cell, new_cell, gates (3): 6; writes d_gates (3), d_old_cell (1): 4
@@ -325,10 +325,10 @@ def markdown_extra(report: dict) -> list[str]:
 
 def fused_stages(device: str) -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
-    toward it and carry no targets. Of the stages that build one package (06, 07 and 08 build
-    `extops`), the one a process loads where `device` runs (ops.implementations: 08 on the CPU,
-    07 on a GPU). Stages 05 and 09 register their autograd in Python, 06 and 07 in C++: on a GPU
-    the pair 05/07 measures what that layer costs; bench/stable_abi.py measures 08 against 07 on
+    toward it and carry no targets. Of the stages that build one package (06, 07 and 10 build
+    `extops`), the one a process loads where `device` runs (ops.implementations: 10 on the CPU,
+    07 on a GPU). Stages 05 and 10 register their autograd in Python, 06 and 07 in C++: on a GPU
+    the pair 05/07 measures what that layer costs; bench/stable_abi.py measures 10 against 07 on
     the CPU, which one process cannot load together."""
     return [i.stage for i in ops.implementations("lltm", device) if i.stage.number >= 5]
 

@@ -34,7 +34,7 @@
 // for a backward whose result is the same bits run to run: the autograd formula passes
 // torch.are_deterministic_algorithms_enabled(). The CPU kernels are so in any case; the CUDA
 // kernels then sort instead of scattering with atomics (stage 07). An argument rather than a
-// read of ATen's global flag inside the kernel, because the stable ABI (stage 09) has no shim
+// read of ATen's global flag inside the kernel, because the stable ABI (stage 10) has no shim
 // for that flag: both libraries take it the same way.
 TORCH_LIBRARY_FRAGMENT(extops, m) {
   m.def(

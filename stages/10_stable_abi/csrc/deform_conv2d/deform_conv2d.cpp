@@ -1,4 +1,4 @@
-// Stage 09: the schemas of extops::deform_conv2d and its backward, on the stable ABI.
+// Stage 10: the schemas of extops::deform_conv2d and its backward, on the stable ABI.
 //
 // Stage 06's csrc/deform_conv2d/deform_conv2d.cpp, which says what the op computes and what each
 // argument means, with STABLE_TORCH_LIBRARY_FRAGMENT for TORCH_LIBRARY_FRAGMENT and without the

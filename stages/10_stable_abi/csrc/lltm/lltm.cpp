@@ -1,4 +1,4 @@
-// Stage 09: the schemas of the LLTM ops, on the stable ABI.
+// Stage 10: the schemas of the LLTM ops, on the stable ABI.
 //
 // Stage 06's csrc/lltm/lltm.cpp, with STABLE_TORCH_LIBRARY_FRAGMENT for TORCH_LIBRARY_FRAGMENT:
 // the same two schemas, registered through libtorch's C shims (aoti_torch_library_def) instead of

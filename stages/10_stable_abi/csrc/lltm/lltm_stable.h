@@ -1,4 +1,4 @@
-// Stage 09: what both LLTM glues (cpu/lltm_cpu.cpp, cuda/lltm_cuda.cu) do around their kernels
+// Stage 10: what both LLTM glues (cpu/lltm_cpu.cpp, cuda/lltm_cuda.cu) do around their kernels
 // with torch::stable's ops, on any device: the GEMMs' operand [old_h, input] and the backward's
 // GEMMs. Stage 05 writes these with at::cat, mm, sum and slice in each of its two files.
 #pragma once

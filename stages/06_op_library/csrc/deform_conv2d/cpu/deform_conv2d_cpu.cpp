@@ -32,7 +32,7 @@
 //   the offset and mask gradients.
 //
 // Sections: GEMMs, launchers (the ops), registration. The kernels are in deform_conv2d_cpu.h
-// beside this file (compiled by stage 09 too, on the stable ABI), the checks in
+// beside this file (compiled by stage 10 too, on the stable ABI), the checks in
 // workbook/deform_conv2d.h and the bilinear arithmetic in workbook/bilinear.h, both shared with
 // the CUDA kernels of stage 07.
 #include <ATen/ATen.h>

@@ -2,13 +2,13 @@
 // im2col, the scatter back (col2im) and the offset and mask gradients.
 //
 // Two kinds of library compile them, as stage 05's lltm_cpu.h: the ATen ones (stage 06's
-// deform_conv2d_cpu.cpp, which stage 07 compiles too) and stage 09's, on the stable ABI (its
+// deform_conv2d_cpu.cpp, which stage 07 compiles too) and stage 10's, on the stable ABI (its
 // csrc/deform_conv2d/cpu/deform_conv2d_cpu.cpp). So this file includes nothing of ATen's: the
 // parallel loop comes from workbook/cpu.h, the checks and geometry from workbook/deform_conv2d.h,
 // the bilinear arithmetic from workbook/bilinear.h (the last two shared with stage 07's CUDA
 // kernels). One part differs by ABI, in the open: the four dot products of the offset gradient
 // (CornerDots). What the glue around these kernels does (converting the inputs into the layouts
-// below, the GEMMs, dtype dispatch, registration) is each library's own: `make diff 9`.
+// below, the GEMMs, dtype dispatch, registration) is each library's own: `make diff 10`.
 //
 // The run card, the timings and the napkin math are in deform_conv2d_cpu.cpp beside this file.
 #pragma once

@@ -39,7 +39,7 @@
 //
 // This file is the ATen glue: the ops (checks, buffers, GEMMs, the chunk loop) and their
 // registration. The kernels and their launchers are deform_conv2d_cuda.cuh beside it, which stage
-// 08 compiles too, with its own glue on the stable ABI. The input checks are
+// 10 compiles too, with its own glue on the stable ABI. The input checks are
 // workbook/deform_conv2d.h and the bilinear arithmetic workbook/bilinear.h, shared with the CPU
 // kernels of stage 06 (../06_op_library/csrc/deform_conv2d/cpu/deform_conv2d_cpu.h), so the CPU
 // suite tests the arithmetic these kernels run. The schemas are in

@@ -3,13 +3,13 @@
 // reproducible backward) and the offset and mask gradients.
 //
 // Two kinds of library compile them, as stage 06's CPU kernels (deform_conv2d_cpu.h): the ATen
-// one (deform_conv2d_cuda.cu beside this file) and stage 09's, on the stable ABI (its
+// one (deform_conv2d_cuda.cu beside this file) and stage 10's, on the stable ABI (its
 // csrc/deform_conv2d/cuda/deform_conv2d_cuda.cu). So this file includes nothing of ATen's: each
 // launcher takes raw pointers, a Shape and the stream to launch on, and throws through
 // workbook/checks.h when a launch fails; the deterministic backward calls CUB itself, in scratch
 // memory its caller allocates. What the glue does around them (the checks' call, the buffers, the
 // GEMMs, the chunk loop, dtype dispatch, the device guard and the stream, registration) is each
-// library's own: `make diff 9` shows the two side by side.
+// library's own: `make diff 10` shows the two side by side.
 //
 // The run card, the timings and the napkin math are in deform_conv2d_cuda.cu beside this file.
 #pragma once

@@ -1,15 +1,15 @@
-// Stage 09: extops::deform_conv2d and its backward on the CPU, on the stable ABI: stage 06's
+// Stage 10: extops::deform_conv2d and its backward on the CPU, on the stable ABI: stage 06's
 // kernels, new glue.
 //
 // Run card
-//   build + test:  make stage 9
+//   build + test:  make stage 10
 //   the kernels:   stage 06's deform_conv2d_cpu.h, compiled here as they are (its run card, timings
 //                  and napkin math are stage 06's deform_conv2d_cpu.cpp); the one part that
 //                  differs on this ABI is the offset gradient's dot products, a SIMD reduction the
 //                  compiler writes instead of at::vec (CornerDots)
 //   timings:       make bench OP=deform_conv2d (this stage against stage 07's ATen build)
 //
-// What changes against stage 06's deform_conv2d_cpu.cpp (`make diff 9` shows it line by line):
+// What changes against stage 06's deform_conv2d_cpu.cpp (`make diff 10` shows it line by line):
 //
 //   at::Tensor                        torch::stable::Tensor
 //   AT_DISPATCH_FLOATING_TYPES        a switch on the compute type (dispatch_compute_type)

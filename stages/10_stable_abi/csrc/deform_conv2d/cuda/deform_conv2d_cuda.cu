@@ -1,13 +1,13 @@
-// Stage 09: extops::deform_conv2d and its backward on CUDA, on the stable ABI: stage 07's
+// Stage 10: extops::deform_conv2d and its backward on CUDA, on the stable ABI: stage 07's
 // kernels, new glue.
 //
 // Run card
-//   build + test:  make stage 9            (compiles wherever nvcc is found; runs on a GPU, and on
+//   build + test:  make stage 10           (compiles wherever nvcc is found; runs on a GPU, and on
 //                                          the emulated device elsewhere)
 //   the kernels:   stage 07's deform_conv2d_cuda.cuh, compiled here as they are (their run card,
 //                  register counts and napkin math are stage 07's deform_conv2d_cuda.cu)
 //
-// What changes against stage 07's deform_conv2d_cuda.cu (`make diff 9` shows it line by line):
+// What changes against stage 07's deform_conv2d_cuda.cu (`make diff 10` shows it line by line):
 //
 //   at::Tensor                          torch::stable::Tensor
 //   AT_DISPATCH_FLOATING_TYPES_AND2     a switch on the dtype (dispatch_floating)

@@ -1,12 +1,12 @@
-// Stage 09: the LLTM ops on the CPU, on the stable ABI: stage 05's kernels, new glue.
+// Stage 10: the LLTM ops on the CPU, on the stable ABI: stage 05's kernels, new glue.
 //
 // Run card
-//   build + test:  make stage 9
+//   build + test:  make stage 10
 //   the kernels:   stage 05's lltm_cpu.h, compiled here as they are; on this ABI without at::vec:
 //                  their loop is vectorised by the compiler, with glibc's vector exp and tanh
 //                  (workbook/cpu.h says why and how; the README measures it)
 //
-// What changes against stage 05's lltm_cpu.cpp (`make diff 9` shows it line by line):
+// What changes against stage 05's lltm_cpu.cpp (`make diff 10` shows it line by line):
 //
 //   at::Tensor                        torch::stable::Tensor: a handle to libtorch's tensor, read
 //                                     and written through C functions (aoti_torch_get_dim, ...)

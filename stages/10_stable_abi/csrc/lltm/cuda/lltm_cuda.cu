@@ -1,12 +1,12 @@
-// Stage 09: the LLTM ops on CUDA, on the stable ABI: stage 05's kernels, new glue.
+// Stage 10: the LLTM ops on CUDA, on the stable ABI: stage 05's kernels, new glue.
 //
 // Run card
-//   build + test:  make stage 9            (compiles wherever nvcc is found; runs on a GPU, and on
+//   build + test:  make stage 10           (compiles wherever nvcc is found; runs on a GPU, and on
 //                                          the emulated device elsewhere)
 //   the kernels:   stage 05's lltm_cuda.cuh, compiled here as they are, reading their matrices
 //                  through RowMajor (below) instead of ATen's packed accessors
 //
-// What changes against stage 05's lltm_cuda.cu (`make diff 9` shows it line by line):
+// What changes against stage 05's lltm_cuda.cu (`make diff 10` shows it line by line):
 //
 //   at::GenericPackedTensorAccessor     RowMajor: a pointer and two sizes, indexed m[b][s] as
 //     (ATen's, from the tensor)           the accessor is; the kernels take either

@@ -1,4 +1,4 @@
-// The emulated device's stand-in for torch's CUDA C shims, the ones stage 09's CUDA glue calls (a
+// The emulated device's stand-in for torch's CUDA C shims, the ones stage 10's CUDA glue calls (a
 // stable-ABI kernel file: it reaches CUDA through these, not through c10::cuda). The real ones
 // live in a CUDA build of libtorch, declared by this header and by torch's c/shim.h under
 // USE_CUDA, which an emulated build does not define:
