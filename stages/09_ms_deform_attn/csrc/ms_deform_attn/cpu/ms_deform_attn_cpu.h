@@ -73,21 +73,26 @@ inline std::vector<Level> level_table(const Geometry& g, const int64_t* shapes,
 // ----------------------------------------------------------------------------------------------
 // Forward
 
-template <typename T>
-void forward(const Geometry& g, const std::vector<Level>& levels, const T* value,
-             const T* locations, const T* weights, T* out) {
+// kD: the channels per head when known at compile time (0: g.channels, at run time). With kD
+// known the compiler unrolls every loop over the channels and keeps the accumulator in registers
+// (dispatched for Deformable DETR's 32: `forward` and `backward` below).
+template <int kD, typename T>
+void forward_channels(const Geometry& g, const std::vector<Level>& levels, const T* value,
+                      const T* locations, const T* weights, T* out) {
   using acc_t = workbook::cpu::opmath_t<T>;
-  const int64_t M = g.heads, D = g.channels, L = g.levels, P = g.points;
+  const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points;
   const int64_t rows = g.batch * g.queries;
   // Enough samples per task that a task's overhead (a few microseconds) is noise.
   const int64_t per_row = std::max<int64_t>(1, M * L * P * std::max<int64_t>(D, 1));
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / per_row);
   workbook::cpu::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(D);
+    acc_t fixed[kD > 0 ? kD : 1];
+    std::vector<acc_t> dynamic(kD > 0 ? 0 : D);
+    acc_t* acc = kD > 0 ? fixed : dynamic.data();
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.queries;
       for (int64_t m = 0; m < M; ++m) {
-        std::fill(acc.begin(), acc.end(), acc_t(0));
+        std::fill(acc, acc + D, acc_t(0));
         const int64_t head = r * M + m;  // (n, q, m)
         const T* loc = locations + head * L * P * 2;
         const T* weight = weights + head * L * P;
@@ -130,17 +135,20 @@ struct Wanted {
   bool value, locations, weights;
 };
 
-template <typename T>
-void backward(const Geometry& g, const std::vector<Level>& levels, const T* grad_output,
-              const T* value, const T* locations, const T* weights, T* grad_value,
-              T* grad_locations, T* grad_weights, Wanted want) {
+template <int kD, typename T>
+void backward_channels(const Geometry& g, const std::vector<Level>& levels, const T* grad_output,
+                       const T* value, const T* locations, const T* weights, T* grad_value,
+                       T* grad_locations, T* grad_weights, Wanted want) {
   using acc_t = workbook::cpu::opmath_t<T>;
-  const int64_t M = g.heads, D = g.channels, L = g.levels, P = g.points, S = g.values;
+  const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points,
+                S = g.values;
   // Half and bfloat16 sum value's gradient in float, in a buffer of the task's rows.
   constexpr bool kWiden = !std::is_same_v<acc_t, T>;
   const bool dots = want.locations || want.weights;
   workbook::cpu::parallel_for(0, g.batch * M, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> grad(D), widened(kWiden && want.value ? S * D : 0);
+    acc_t fixed[kD > 0 ? kD : 1];
+    std::vector<acc_t> dynamic(kD > 0 ? 0 : D), widened(kWiden && want.value ? S * D : 0);
+    acc_t* grad = kD > 0 ? fixed : dynamic.data();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / M, m = task % M;
       // The task's value rows (n, :, m): row s at s * row_stride.
@@ -169,7 +177,7 @@ void backward(const Geometry& g, const std::vector<Level>& levels, const T* grad
                 if (!s.valid(c)) continue;
                 const int64_t row = lv.start + s.index(c);
                 if (dots) {
-                  const acc_t corner = dot(grad.data(), plane + s.index(c) * M * D, D);
+                  const acc_t corner = dot(grad, plane + s.index(c) * M * D, D);
                   sample += s.weight(c) * corner;
                   d_dx += s.d_weight_dx(c) * corner;
                   d_dy += s.d_weight_dy(c) * corner;
@@ -214,6 +222,25 @@ void backward(const Geometry& g, const std::vector<Level>& levels, const T* grad
       }
     }
   });
+}
+
+template <typename T>
+void forward(const Geometry& g, const std::vector<Level>& levels, const T* value,
+             const T* locations, const T* weights, T* out) {
+  if (g.channels == 32) return forward_channels<32>(g, levels, value, locations, weights, out);
+  forward_channels<0>(g, levels, value, locations, weights, out);
+}
+
+template <typename T>
+void backward(const Geometry& g, const std::vector<Level>& levels, const T* grad_output,
+              const T* value, const T* locations, const T* weights, T* grad_value,
+              T* grad_locations, T* grad_weights, Wanted want) {
+  if (g.channels == 32) {
+    return backward_channels<32>(g, levels, grad_output, value, locations, weights, grad_value,
+                                 grad_locations, grad_weights, want);
+  }
+  backward_channels<0>(g, levels, grad_output, value, locations, weights, grad_value,
+                       grad_locations, grad_weights, want);
 }
 
 }  // namespace ms_deform_attn_kernels
