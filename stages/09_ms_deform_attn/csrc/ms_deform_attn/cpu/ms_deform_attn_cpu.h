@@ -140,8 +140,7 @@ void backward_channels(const Geometry& g, const std::vector<Level>& levels, cons
                        const T* value, const T* locations, const T* weights, T* grad_value,
                        T* grad_locations, T* grad_weights, Wanted want) {
   using acc_t = workbook::cpu::opmath_t<T>;
-  const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points,
-                S = g.values;
+  const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points, S = g.values;
   // Half and bfloat16 sum value's gradient in float, in a buffer of the task's rows.
   constexpr bool kWiden = !std::is_same_v<acc_t, T>;
   const bool dots = want.locations || want.weights;
