@@ -65,7 +65,7 @@ help:
 	@echo "  make verify N    build your copy of stage N and run the stage's tests on it"
 	@echo "  make test-exercises  every stage carved: each copy builds and fails its tests"
 	@echo "  make bench       time every op against its baselines (CPU; GPU if present), writes bench/results/"
-	@echo "  make bench-abi   the stable ABI's cost: stage 10's extops against stage 07's, interleaved"
+	@echo "  make bench-abi   the stable ABI's cost: stage 10's extops against the ATen build's (09), interleaved"
 	@echo "                   OP=name for one op (OP=lltm, OP=deform_conv2d); BENCH_ARGS=--smoke for a quick run"
 	@echo "  make notebooks   execute every notebook headless (executed copies in build/notebooks/)"
 	@echo "  make lab         open the notebooks in JupyterLab (installs it into the env on first use)"
@@ -176,7 +176,7 @@ bench: $(ENV_READY)
 	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
 	@$(if $(OP),,$(PY) $(REPO)/bench/stable_abi.py $(if $(findstring --smoke,$(BENCH_ARGS)),--smoke))
 
-# What the stable ABI costs: stage 10's extops against stage 07's, timed in turn in two processes.
+# What the stable ABI costs: stage 10's extops against the newest ATen build's (stage 09), timed in turn in two processes.
 # The two stages are the ones bench/stable_abi.py compares (found on disk), built first.
 bench-abi: $(ENV_READY)
 	@for n in $$($(PY) -c "import sys; sys.path[:0] = ['$(REPO)/bench']; import stable_abi; \

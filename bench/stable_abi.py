@@ -1,4 +1,4 @@
-"""What the stable ABI costs: stage 10's extops against stage 07's, the same ops, interleaved.
+"""What the stable ABI costs: stage 10's extops against the newest ATen build's, interleaved.
 
 Run card
   make bench-abi                               (make bench runs it too, after bench/run.py)
@@ -12,18 +12,18 @@ memory and threads landed: measured here, up to 1.3x on the same library): this 
 for a measurement in turn, one measurement of every case per round, who goes first alternating,
 so both see the same machine at nearly the same moment.
 Each measurement is the median of a few calls after warm-up calls; the report gives, per case,
-each stage's median over the rounds and the ratio 07 / 10 (above 1: stage 10 is faster) with its
+each stage's median over the rounds and the ratio ATen / stable (above 1: stage 10 is faster) with its
 spread over the rounds (lowest and highest round's ratio), which is the noise.
 
 Before timing, both workers compute every case on the same inputs (seeded) and this process
-compares the results: stage 10 must agree with stage 07 (float32, the descriptor's tolerance
+compares the results: stage 10 must agree with the ATen build (float32, the descriptor's tolerance
 against float64 is far looser than what is asked here: 1e-4 relative).
 
 The cases, CPU, float32:
   deform_conv2d  the benchmark's `main` configuration (N 4, C 64 -> 64, 56 x 56, 3 x 3, pad 1,
                  mask, bias): forward, and forward + backward (every gradient), at 1 and 2 threads
   lltm           the tutorial's batch 16 (features 32, state 128) and batch 4096: forward, and
-                 forward + backward. Stage 07 runs the LLTM's autograd in C++ (a
+                 forward + backward. The ATen build runs the LLTM's autograd in C++ (a
                  torch::autograd::Function), stage 10 from Python (torch.library.register_autograd):
                  at batch 16 the difference is mostly that per-call cost.
 """

@@ -234,7 +234,7 @@ def load_stages(ops: Sequence[str], devices: Sequence[str]) -> dict[int, Any]:
     """Build and import every stage that implements one of `ops` and runs on one of `devices`:
     {number: its package, or the reason (a str) it does not run}.
 
-    Two stages that build one package (06, 07 and 10 build `extops`) cannot both be imported in
+    Two stages that build one package (06, 07, 09 and 10 build `extops`) cannot both be imported in
     one process: the one with the most ops, the newest of those (stages.fullest), is imported
     first and measured, and the others are reported as not run, with the reason. Then the rest,
     highest number first.

@@ -100,7 +100,7 @@ class Implementation:
 def implementations(op: str | None = None, device: str = "cpu") -> list[Implementation]:
     """Every op (or `op`) in every package that provides it, where it runs on `device`.
 
-    A package built by several stages (06, 07 and 10 build `extops`) is taken from one of them,
+    A package built by several stages (06, 07, 09 and 10 build `extops`) is taken from one of them,
     as one process can import a package once: the one with the most ops, the newest of those
     (stages.fullest). Stages that run elsewhere only (stage 04: CUDA) are left out, and on the
     CPU those whose CPU kernels are another stage's (Stage.own_cpu_kernels: stage 08's are

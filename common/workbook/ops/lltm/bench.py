@@ -325,11 +325,12 @@ def markdown_extra(report: dict) -> list[str]:
 
 def fused_stages(device: str) -> list[stages.Stage]:
     """From stage 05 on the cell is one fused op (torch.library); 02-04 are the tutorial's steps
-    toward it and carry no targets. Of the stages that build one package (06, 07 and 10 build
-    `extops`), the one a process loads where `device` runs (ops.implementations: 10 on the CPU,
-    07 on a GPU). Stages 05 and 10 register their autograd in Python, 06 and 07 in C++: on a GPU
-    the pair 05/07 measures what that layer costs; bench/stable_abi.py measures 10 against 07 on
-    the CPU, which one process cannot load together."""
+    toward it and carry no targets. Of the stages that build one package (06, 07, 09 and 10 build
+    `extops`), the one a process loads where `device` runs (ops.implementations: the one with
+    the most ops, stage 09's ATen build). Stages 05 and 10 register their autograd in Python, 06,
+    07 and 09 in C++: on a GPU the pair 05/09 measures what that layer costs; bench/stable_abi.py
+    measures 10 against the newest ATen build on the CPU, which one process cannot load
+    together."""
     return [i.stage for i in ops.implementations("lltm", device) if i.stage.number >= 5]
 
 
