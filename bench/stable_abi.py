@@ -12,8 +12,8 @@ memory and threads landed: measured here, up to 1.3x on the same library): this 
 for a measurement in turn, one measurement of every case per round, who goes first alternating,
 so both see the same machine at nearly the same moment.
 Each measurement is the median of a few calls after warm-up calls; the report gives, per case,
-each stage's median over the rounds and the ratio ATen / stable (above 1: stage 10 is faster) with its
-spread over the rounds (lowest and highest round's ratio), which is the noise.
+each stage's median over the rounds and the ratio ATen / stable (above 1: stage 10 is faster)
+with its spread over the rounds (lowest and highest round's ratio), which is the noise.
 
 Before timing, both workers compute every case on the same inputs (seeded) and this process
 compares the results: stage 10 must agree with the ATen build (float32, the descriptor's tolerance
