@@ -31,7 +31,7 @@
 //   backward:  dc' = grad_c' + grad_h' o tanh'(c')        (the gradient of old_cell, too)
 //              dG0 = dc' c^ sigmoid'(G0)   dG1 = grad_h' tanh(c') sigmoid'(G1)
 //              dG2 = dc' i elu'(G2)
-// The float64 PyTorch version the tests compare against is common/workbook/reference.py.
+// The float64 PyTorch version the tests compare against is common/workbook/ops/lltm/reference.py.
 
 namespace lltm_cuda_kernels {
 
