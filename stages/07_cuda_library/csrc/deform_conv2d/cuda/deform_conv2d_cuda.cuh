@@ -49,7 +49,7 @@
 //   grad_offset[n, 2 (g K + k) + 0, p] = m sum_j dw_j/dy A_j,   (+ 1: dw_j/dx)
 //   grad_mask[n, g K + k, p] = sum_j w_j A_j
 //   grad_weight = sum_n grad_output[n] @ columns^T,   grad_bias = sum_{n, p} grad_output
-// The float64 PyTorch version the tests compare against is common/workbook/ops/deform_conv2d/reference.py.
+// The tests compare against the float64 common/workbook/ops/deform_conv2d/reference.py.
 
 namespace deform_conv2d_cuda_kernels {
 
