@@ -38,9 +38,10 @@ STAGE_NUMBERS := $(foreach f,$(STAGE_FOLDERS),$(shell echo $(f) | cut -c1-2))
 STAGE_GOALS := $(sort $(STAGE_NUMBERS) $(patsubst 0%,%,$(STAGE_NUMBERS)))
 STAGE := $(word 2,$(MAKECMDGOALS))
 
-.PHONY: help stage test demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
+.PHONY: help stage test check demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
 	diff new-stage \
-	lint gpu-check test-template fuzz sanitize racecheck exercise verify test-exercises book book-check \
+	lint gpu-check test-template test-standalone fuzz sanitize racecheck exercise verify test-exercises \
+	book book-check \
 	clean \
 	distclean env \
 	env-check $(STAGE_GOALS)
@@ -50,7 +51,12 @@ help:
 	@echo
 	@echo "  make demo        build what this machine runs (CPU-only without a GPU), check each op, time it"
 	@echo "  make test        build everything and run the whole test suite"
+	@echo "  make check       the contributor's loop: builds and tests what your changes can break (the"
+	@echo "                   stages, tests/ files and notebooks they reach; a kernel under the sanitizers),"
+	@echo "                   saying why; BASE=origin/main: a branch's changes; DRY=1: the plan only"
 	@echo "  make test-template   new-stage and a copied stage, built and tested in a copy of the repo"
+	@echo "  make test-standalone make racecheck and make sanitize, each on one stage into an empty build"
+	@echo "                   folder: the checks stand alone (CI runs it first)"
 	@echo "  make stage N     build stage N and run its tests, e.g. make stage 3"
 	@echo "  make fuzz        thousands of random inputs per op against its float64 reference (minutes)"
 	@echo "  make sanitize    the stages' C++ built with ASan+UBSan (build/sanitize/), their tests run on it"
@@ -115,10 +121,21 @@ test: $(ENV_READY)
 	@$(PY) -m workbook.build all
 	@$(PY) -m workbook.testing.suite all
 
+# What the working tree's changes (against HEAD, or BASE=ref) can break, built and tested; the plan
+# and why first (workbook.testing.check says how it chooses). FILES="a b": as if only those changed.
+check: $(ENV_READY)
+	@$(PY) -m workbook.testing.check $(if $(BASE),--base $(BASE)) \
+		$(if $(filter 1 yes true,$(DRY)),--dry-run) $(FILES)
+
 # The template's own acceptance checks: `make new-stage` and a copied stage folder, each built and
 # tested in a copy of the repository (a few minutes). CI runs them after `make test`.
 test-template: $(ENV_READY)
 	@$(PY) -m pytest -q -rs -m template $(REPO)/tests
+
+# The checks stand alone: racecheck and sanitize, each on one stage, into an empty build folder,
+# as from a clean clone (tests/test_standalone.py). CI runs it first.
+test-standalone: $(ENV_READY)
+	@$(PY) -m pytest -q -rs -m standalone $(REPO)/tests/test_standalone.py
 
 # Property-based fuzzing, the long run: thousands of hypothesis examples per op (sizes, dtypes,
 # layouts, thread counts) against the float64 references, with hypothesis' statistics. `make

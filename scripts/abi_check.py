@@ -37,9 +37,10 @@ from workbook.build.loader import INSTALLED
 
 REPO = stages.REPO
 SECOND_TORCH = "2.13.0"
-# The tests' own requirements, pinned as requirements.txt pins them: pytest and numpy, and the
-# ONNX packages the deployment tests export to and run in (stage 06's test_deploy.py).
-TEST_REQUIREMENTS = ("pytest", "numpy", "onnx", "onnxscript", "onnxruntime")
+# The tests' own requirements, pinned as requirements.txt pins them: pytest (with pytest-timeout,
+# for pyproject.toml's time limit) and numpy, and the ONNX packages the deployment tests export
+# to and run in (stage 06's test_deploy.py).
+TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "numpy", "onnx", "onnxscript", "onnxruntime")
 
 
 def say(text: str) -> None:

@@ -61,6 +61,9 @@ class Case:
     name: str
     sizes: Mapping[str, int]
     full_gradcheck: bool = True  # False: gradcheck in fast mode (random projections), for size
+    # True: its size is the point (a grid past a launch limit, a loop's many turns), which no
+    # element type changes: on the emulated device it runs in one dtype (testing.params).
+    sized: bool = False
 
     def __getitem__(self, key: str) -> int:
         return self.sizes[key]

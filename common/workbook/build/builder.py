@@ -32,6 +32,7 @@ from workbook.build.compiler import (
     tools_on_path,
 )
 from workbook.build.stages import REPO, Stage
+from workbook.measure import runlog
 
 
 class StageSkipped(RuntimeError):
@@ -148,7 +149,11 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     tools_on_path()
     log = s.build_dir / "build.log"
     _record_file(s).unlink(missing_ok=True)
-    env = dict(os.environ, MAX_JOBS=max_jobs())
+    # No sanitizer runtime under the compiler: a racecheck or sanitize process that builds a
+    # stage on import (stage 04's tests build stage 02) has one preloaded, and g++ under
+    # ThreadSanitizer's dies (exit 139). setup.py loads nothing instrumented.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["MAX_JOBS"] = max_jobs()
     if s.cpu_only:
         env["WORKBOOK_NO_CUDA"] = "1"  # setup.py then builds it CPU-only, into s.build_dir
     if not quiet:
@@ -173,8 +178,18 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     if s.cuda:
         _toolkit_stamp(s).write_text(_toolkit_used(s))
     _record_file(s).write_text(build_record(s))
+    took = time.perf_counter() - start
+    runlog.record("build", s.label, took, stage=f"{s.number:02d}", flavour=_flavour(s))
     if not quiet:
-        print(f"[build] stage {s.number} ({s.folder}) built in {time.perf_counter() - start:.1f} s")
+        print(f"[build] stage {s.number} ({s.folder}) built in {took:.1f} s")
     return s.lib_dir
+
+
+def _flavour(s: Stage) -> str:
+    """What this build of s is, in the run log's words (workbook.measure.runlog)."""
+    if not s.source_dir.resolve().is_relative_to(stages.STAGES_DIR.resolve()):
+        return "exercise"  # a carved copy, built by make verify
+    return runlog.checks_flavour() or ("host" if not s.cuda
+                                       else "nvcc" if toolkit_for(s) else "cpu-only")
 
 

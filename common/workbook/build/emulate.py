@@ -54,9 +54,11 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from workbook.build.stages import REPO, Stage, build_root
+from workbook.measure import runlog
 
 DEVICE = "emulated_cuda"
 EMULATE_DIR = REPO / "common" / "emulate"
@@ -505,13 +507,19 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     defines = [f"-DOPS_NAMESPACE={library}"] if library else []
     if torch_target:
         defines.append(f"-DTORCH_TARGET_VERSION={torch_target}")
+    start = time.perf_counter()
     with _compilers_without_preload():
-        return cpp_extension.load(
+        loaded = cpp_extension.load(
             name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
             extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE),
                                  *compiler.include_dirs()],
             extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
             is_python_module=python_module, verbose=False)
+    # The run log's build time of the emulated kernels: a load that finds them built costs
+    # ninja's look at them (a second or so).
+    runlog.record("build", name, time.perf_counter() - start, stage=runlog.stage_of(
+        str(build_dir) + "/"), flavour=runlog.checks_flavour() or "emulated")
+    return loaded
 
 
 _device_ready = False

@@ -119,8 +119,10 @@ OP = OpSpec(
 # Beyond OP.cases, for CUDA kernels: a state wider than one block, with a partial last block.
 CUDA_CASES = (
     *OP.cases,
-    Case("b1_f8_s1025", {"batch": 1, "features": 8, "state": 1025}, full_gradcheck=False),
-    Case("b3_f5_s1500", {"batch": 3, "features": 5, "state": 1500}, full_gradcheck=False),
+    Case("b1_f8_s1025", {"batch": 1, "features": 8, "state": 1025}, full_gradcheck=False,
+         sized=True),
+    Case("b3_f5_s1500", {"batch": 3, "features": 5, "state": 1500}, full_gradcheck=False,
+         sized=True),
 )
 
 
@@ -274,9 +276,12 @@ CUDA_EDGE_CASES = (
     Case("b3_f4_s0", {"batch": 3, "features": 4, "state": 0}),
     Case("b0_f4_s0", {"batch": 0, "features": 4, "state": 0}),
     Case("b4_f3_s1", {"batch": 4, "features": 3, "state": 1}),
-    Case("b70000_f2_s3", {"batch": 70000, "features": 2, "state": 3}, full_gradcheck=False),
-    Case("b600000_f1_s3", {"batch": 600_000, "features": 1, "state": 3}, full_gradcheck=False),
-    Case("b65536_f3_s257", {"batch": 65536, "features": 3, "state": 257}, full_gradcheck=False),
+    Case("b70000_f2_s3", {"batch": 70000, "features": 2, "state": 3}, full_gradcheck=False,
+         sized=True),
+    Case("b600000_f1_s3", {"batch": 600_000, "features": 1, "state": 3}, full_gradcheck=False,
+         sized=True),
+    Case("b65536_f3_s257", {"batch": 65536, "features": 3, "state": 257}, full_gradcheck=False,
+         sized=True),
 )
 
 # The edge cases the CPU kernels run too: state 0 and state 1 (batch 0 is in every params()).

@@ -1,0 +1,80 @@
+"""Every target stands alone: `make racecheck` and `make sanitize` pass from a clean clone, run
+first, with nothing built before them, and no compiler ever runs with a sanitizer runtime
+preloaded (g++ under ThreadSanitizer's dies with exit 139, which the checks' processes have:
+stage 04's tests build stage 02 when they import it).
+
+The first tests (`make test`) check the rule where it is kept, in seconds: the ahead-of-time
+builder and the emulated device's builder hand their compilers an environment without
+LD_PRELOAD. The last two, marked `standalone` (`make test-standalone`, CI's first step), run each
+pass on one stage into an empty build folder, as a clean clone would: racecheck on stage 04 (its
+CUDA tests import stage 02, which is then built under the checker's process) and sanitize on
+stage 01. With the compiler cache warm they take about a minute together; cold, about five on
+two cores (a build folder outside the clone shares no compiled file with its builds).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workbook.build import builder, emulate, stages, toolkit
+
+RUNTIME = "/nonexistent/libtsan.so"
+
+
+def test_the_ahead_of_time_builder_runs_setup_py_without_a_preloaded_runtime(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    monkeypatch.setenv("LD_PRELOAD", RUNTIME)
+    seen = {}
+
+    def run(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(builder.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="failed"):
+        builder.build_stage(stages.get(1), quiet=True, force=True)
+    assert seen, "setup.py was not run"
+    assert "LD_PRELOAD" not in seen
+    assert os.environ["LD_PRELOAD"] == RUNTIME  # the process keeps its own
+
+
+def test_the_emulated_device_compiles_without_a_preloaded_runtime(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("LD_PRELOAD", RUNTIME)
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load",
+                        lambda **kwargs: seen.append(os.environ.get("LD_PRELOAD")))
+    emulate._load("standalone_probe", [tmp_path / "probe.cpp"], tmp_path, python_module=False)
+    assert seen == [None]
+    assert os.environ["LD_PRELOAD"] == RUNTIME
+
+
+def _pass(module: str, stage: int, build: str, extra: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WORKBOOK_BUILD_DIR=build, TORCH_EXTENSIONS_DIR=f"{build}/jit",
+               WORKBOOK_EMULATE_QUIET="1")
+    return subprocess.run([sys.executable, "-m", module, str(stage), "--", *extra],
+                          env=env, capture_output=True, text=True, cwd=stages.REPO)
+
+
+@pytest.mark.standalone
+@pytest.mark.skipif(toolkit.find() is None, reason="stage 04 is CUDA-only: no CUDA toolkit here")
+@pytest.mark.skipif(not emulate.active(), reason="the race check runs on the emulated device")
+def test_racecheck_runs_first_and_alone(tmp_path):
+    # The one test of stage 04 that imports stage 02: built now, under the checker's process.
+    run = _pass("workbook.net.racecheck", 4, str(tmp_path),
+                ["-k", "test_matches_the_cpu_extension_of_stage_02"])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
+    assert (tmp_path / "stages" / stages.get(2).folder / "lib").is_dir()
+
+
+@pytest.mark.standalone
+def test_sanitize_runs_first_and_alone(tmp_path):
+    run = _pass("workbook.net.sanitize", 1, str(tmp_path / "build"), ["-x"])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "clean under ASan+UBSan" in run.stdout
+    assert (tmp_path / "build" / "sanitize" / "stages" / stages.get(1).folder).is_dir()
