@@ -34,7 +34,7 @@ def test_the_base_dir_is_this_clone_unless_it_holds_it(monkeypatch, tmp_path):
 
 
 def _build(clone: Path, cache: Path) -> dict[str, int]:
-    """Compile clone/stages/01_x/csrc/probe.cpp from clone/build/stages/01_x/temp, as ninja
+    """Compile probe.cpp in a stage folder of the clone from its build folder, as ninja
     does for a stage, through ccache set up as compiler_cache() sets it; the cache's counters."""
     source = clone / "stages" / "01_x" / "csrc" / "probe.cpp"
     source.parent.mkdir(parents=True)

@@ -40,10 +40,10 @@ def test_make_test_runs_the_timed_notebooks_alone_with_the_same_markers_as_tests
 
 
 def test_a_tests_file_that_collects_nothing_is_no_failure():
-    quiet = suite.Part("tests/test_x.py", [], none_ok=True, exit_code=5)
+    quiet = suite.Part("tests/test_suite.py", [], none_ok=True, exit_code=5)
     assert quiet.ok
     assert not suite.Part("stage 1", [], exit_code=5).ok
-    assert not suite.Part("tests/test_x.py", [], none_ok=True, exit_code=1).ok
+    assert not suite.Part("tests/test_suite.py", [], none_ok=True, exit_code=1).ok
 
 
 @pytest.mark.parametrize(("value", "cores", "jobs"), [("", 2, 2), ("", 1, 1), ("", 16, 3),

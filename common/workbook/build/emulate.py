@@ -526,14 +526,18 @@ _device_ready = False
 
 
 def ensure_device() -> str:
-    """Build (once; cached under build/emulated/runtime) and load the emulated device, name it;
-    returns its name. Idempotent."""
+    """Build (once; cached under build/emulated/runtime/<fibers>) and load the emulated device,
+    name it; returns its name. Idempotent.
+
+    A folder per fiber mechanism: a process that asks for the other one (a test of the ucontext
+    fibers, WORKBOOK_EMULATE_FIBERS) would otherwise rebuild the one library every process
+    loads, under the processes running beside it."""
     global _device_ready
     if _device_ready:
         return DEVICE
     name_device()
     _progress("the emulated CUDA device (runtime)")
-    _load("workbook_emulated_device", [RUNTIME_SOURCE], emulated_root() / "runtime",
+    _load("workbook_emulated_device", [RUNTIME_SOURCE], emulated_root() / "runtime" / fibers(),
           python_module=False)
     _device_ready = True
     return DEVICE

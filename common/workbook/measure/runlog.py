@@ -88,11 +88,25 @@ def read(path: Path) -> list[dict]:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) if k == 0 else str(c).rjust(w)
-                       for k, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
+    """Columns of numbers to the right, of words to the left (a column is numbers when every
+    cell below the header reads as one, or is empty)."""
+    columns = list(zip(header, *rows))
+    widths = [max(len(str(c)) for c in column) for column in columns]
+    numeric = [all(_is_number(c) for c in column[1:]) for column in columns]
+    lines = ["  ".join((str(c).rjust(w) if num else str(c).ljust(w)).rstrip() if k == len(r) - 1
+                       else (str(c).rjust(w) if num else str(c).ljust(w))
+                       for k, (c, w, num) in enumerate(zip(r, widths, numeric)))
+             for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join("  " + line for line in lines)
+
+
+def _is_number(cell: str) -> bool:
+    return not cell or re.fullmatch(r"[\d./]+", cell) is not None
+
+
+def _short(node_id: str, width: int = 120) -> str:
+    return node_id if len(node_id) <= width else node_id[:width - 3] + "..."
 
 
 def report(rows: list[dict], slowest: int = 20) -> str:
@@ -136,7 +150,8 @@ def report(rows: list[dict], slowest: int = 20) -> str:
     tests = sorted((r for r in rows if r["kind"] == "test"), key=lambda r: -r["s"])[:slowest]
     out.append(f"\nThe {len(tests)} slowest tests")
     out.append(_table(["s", "step", "flavour", "test"],
-                      [[f"{r['s']:.1f}", r["step"], r["flavour"], r["what"]] for r in tests]))
+                      [[f"{r['s']:.1f}", r["step"], r["flavour"], _short(r["what"])]
+                       for r in tests]))
 
     hits = sum(s.get("ccache_hits", 0) for s in steps)
     misses = sum(s.get("ccache_misses", 0) for s in steps)

@@ -243,7 +243,7 @@ def import_chain(start: set[str], target: str) -> list[str] | None:
 def consumers() -> dict[str, tuple[str, frozenset[str]]]:
     """What runs the workbook's Python, each with the modules it imports: the tests/ files, the
     stages (their tests and packages, conftest.py too: pytest loads it) and the notebooks. Keys:
-    "tests/test_x.py", "stage 9", "notebooks/x.ipynb"; values: (kind, modules)."""
+    "tests/test_<name>.py", "stage 9", "notebooks/<name>.ipynb"; values: (kind, modules)."""
     known = workbook_modules()
     found: dict[str, tuple[str, frozenset[str]]] = {}
     for path in sorted(TESTS_DIR.glob("test_*.py")):
