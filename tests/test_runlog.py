@@ -31,7 +31,8 @@ def test_records_carry_the_step_and_append(monkeypatch, tmp_path):
 
 
 def test_stage_of_a_path_or_node_id():
-    assert runlog.stage_of("stages/08_cooperating_threads/test_lltm_cooperating.py::test_y[a]") == "08"
+    node = "stages/08_cooperating_threads/test_lltm_cooperating.py::test_y[a]"
+    assert runlog.stage_of(node) == "08"
     assert runlog.stage_of("/tmp/x/exercises/09_ms_deform_attn/test_x.py") == "09"
     assert runlog.stage_of("/work/repo/tests/test_suite.py") == "tests/"
     assert runlog.stage_of("/somewhere/else.py") == "-"
