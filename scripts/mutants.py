@@ -94,8 +94,9 @@ def _apply(m: Mutant) -> str:
 
 def _command(m: Mutant, extra: list[str]) -> list[str]:
     if m.check == "racecheck":
-        return [sys.executable, "-m", "workbook.net.racecheck", str(m.stage), "--", "-x", *extra]
-    return [sys.executable, "-m", "workbook.testing.suite", str(m.stage), "--", "-x", *extra]
+        return [sys.executable, "-m", "workbook.net.racecheck", str(m.stage), "--", "-x", "-rf",
+                *extra]
+    return [sys.executable, "-m", "workbook.testing.suite", str(m.stage), "--", "-x", "-rf", *extra]
 
 
 _FAILED = re.compile(r"^FAILED (\S+)")

@@ -60,35 +60,32 @@ included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 
 rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536 and not
 b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
 (tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
-builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan, each
-switch of stack told to it). The stages run side by side as make test's parts do (two at a time on
-two cores, their builds one at a time), the hostile-input matrices after them. The gradchecks are
-left out for time: under ASan every allocation goes through its allocator, so an op call costs
-about ten times more, and a full gradcheck calls the op twice per input element (the numerical
-Jacobian): they took 345 s of stage 06's 412, and about 75 s in each LLTM stage, against 10 to 16 s
-each without the sanitizers. They run no code that test_against_reference does not also run
-(forward and backward of every case in every dtype, gradients compared with the float64 reference).
-The stages alone took 5.5 minutes on a 2-core machine (350 CPU s), the matrices 1.5 more. FULL=1
-runs every test; adds a just-in-time stage (03: stage 02's C++ again, and a `load_inline` extension
-built and loaded under the sanitizers), a stage built from another stage's sources (07: stage 06's
-CPU kernels, CPU-only, with its package-level tests) and, where nvcc is found, a CUDA-only stage
-(04: its nvcc build's C++ front is instrumented, and its tests run its kernels on the emulated
-device, instrumented as well); and runs the short fuzzing profile and the concurrency test on the
-production build: about 22 minutes on the same machine, more than CI has room for (stage 07's
-emulated deformable-convolution kernels included: under the default pass, tests/test_emulate.py
-runs one planted bug in them under ASan).
+builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan,
+each switch of stack told to it). The gradchecks are left out for time: under ASan every
+allocation goes through its allocator, so an op call costs about ten times more, and a full
+gradcheck calls the op twice per input element (the numerical Jacobian): they took 345 s of
+stage 06's 412, and about 75 s in each LLTM stage, against 10 to 16 s each without the
+sanitizers. They run no code that
+test_against_reference does not also run (forward and backward of every case in every dtype,
+gradients compared with the float64 reference). The stages alone took 5.5 minutes on a 2-core
+machine (350 CPU s), the matrices 1.5 more. FULL=1 runs every test; adds a just-in-time stage (03:
+stage 02's C++ again, and a `load_inline` extension built and loaded under the sanitizers), a stage
+built from another stage's sources (07: stage 06's CPU kernels, CPU-only, with its package-level
+tests) and, where nvcc is found, a CUDA-only stage (04: its nvcc build's C++ front is instrumented,
+and its tests run its kernels on the emulated device, instrumented as well); and runs the short
+fuzzing profile and the concurrency test on the production build: about 22 minutes on the same
+machine, more than CI has room for (stage 07's emulated deformable-convolution kernels included:
+under the default pass, tests/test_emulate.py runs one planted bug in them under ASan).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import re
 import resource
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,81 +223,42 @@ def children_cpu() -> float:
 
 
 def run_tests(result: Result, paths: list[Path], env: dict[str, str],
-              pytest_options: list[str], stream: bool = True) -> Result:
-    """pytest on `paths` under the runtimes (env has them); fills in result. `stream=False`
-    (stages side by side): the output is printed whole when the tests end."""
+              pytest_options: list[str]) -> Result:
+    """pytest on `paths` under the runtimes (env has them); fills in result."""
     print(f"[sanitize] {result.label}: testing under the sanitizers (LD_PRELOAD="
           f"{env['LD_PRELOAD']}, ASAN_OPTIONS={env['ASAN_OPTIONS']}, UBSAN_OPTIONS="
           f"{env['UBSAN_OPTIONS']}) ...", flush=True)
     reports, cpu = Reports(), children_cpu()
     part = suite.run_part(suite.Part(result.label, paths, ["--capture=sys"]), pytest_options,
-                          env=env, on_line=reports, stream=stream)
-    if not stream:
-        with _printing:
-            print(f"\n[sanitize] ===== {result.label}: its tests under ASan+UBSan", flush=True)
-            print("".join(part.output), end="", flush=True)
-    # CPU seconds of every child this process has waited for meanwhile: with stages side by
-    # side, the other stage's finished children count too (the summary's total stays exact).
+                          env=env, on_line=reports)
     result.test_s, result.test_cpu_s = part.seconds, children_cpu() - cpu
     result.reports = reports.texts()
     result.note = part.summary or f"pytest exit {part.exit_code}"
     result.status = "ok" if part.ok and not result.reports else "FAIL"
     if result.reports:
         result.note = f"{len(result.reports)} sanitizer report(s); pytest: {result.note}"
-    with _printing:
-        for number, text in enumerate(result.reports, 1):
-            print(f"\n[sanitize] ----- {result.label}: sanitizer report {number} of "
-                  f"{len(result.reports)} (the test it ran in: the Python stack above it)\n"
-                  f"{text}", flush=True)
+    for number, text in enumerate(result.reports, 1):
+        print(f"\n[sanitize] ----- {result.label}: sanitizer report {number} of "
+              f"{len(result.reports)} (the test it ran in: the Python stack above it)\n{text}")
     return result
 
 
-_printing = threading.Lock()
-_building = threading.Lock()
-
-
-def check_stage(s: Stage, base: Path, preload: list[str], pytest_options: list[str],
-                stream: bool = True, threads: int | None = None) -> Result:
-    """Build stage s instrumented, then run its tests under the runtimes (`threads`: torch's
-    threads for them, when stages run side by side)."""
+def check_stage(s: Stage, base: Path, preload: list[str], pytest_options: list[str]) -> Result:
+    """Build stage s instrumented, then run its tests under the runtimes."""
     result = Result(s.label)
     env = environment(base, cpu_only=s.cpu_fallback or not s.cuda)
-    if threads is not None:
-        env.setdefault("OMP_NUM_THREADS", str(threads))
     sanitized = with_runtimes(env, preload)
     cpu_only = s.cuda and s.cpu_fallback  # built as Stage.cpu_only_build() says
     where = base / ("jit" if s.kind == "jit" else f"stages{'-cpu' * cpu_only}/{s.folder}")
     print(f"\n[sanitize] ===== {s.label}: building with ASan+UBSan into {where} ...", flush=True)
-    with _building:  # one build at a time, each with MAX_JOBS compilers; tests overlap them
-        start, cpu = time.perf_counter(), children_cpu()
-        built = subprocess.run([sys.executable, "-m", "workbook.build", str(s.source_dir)],
-                               env=sanitized if s.kind == "jit" else env)
+    start, cpu = time.perf_counter(), children_cpu()
+    built = subprocess.run([sys.executable, "-m", "workbook.build", str(s.source_dir)],
+                           env=sanitized if s.kind == "jit" else env)
     result.build_s, result.build_cpu_s = time.perf_counter() - start, children_cpu() - cpu
     if built.returncode != 0:
         result.status, result.note = "FAIL", f"build failed (exit {built.returncode})"
         return result
-    return run_tests(result, [s.source_dir], sanitized, pytest_options, stream=stream)
-
-
-def check_stages(chosen: list[Stage], base: Path, preload: list[str],
-                 pytest_options: list[str]) -> list[Result]:
-    """check_stage for each stage, suite.parts_at_a_time() at a time (as make test's parts
-    run: the longest first by make test's last times, torch's threads shared out), each one's
-    output printed whole when its tests end; the results in the order of `chosen`."""
-    from workbook.measure.timing import usable_cpus
-
-    jobs = min(suite.parts_at_a_time(), len(chosen)) or 1
-    if jobs == 1:
-        return [check_stage(s, base, preload, pytest_options) for s in chosen]
-    threads = max(1, len(usable_cpus()) // jobs)
-    print(f"[sanitize] {len(chosen)} stages, {jobs} at a time, {threads} torch thread(s) each; "
-          f"each one's test output is printed when its tests end", flush=True)
-    last = suite._last_times()
-    order = sorted(chosen, key=lambda s: last.get(s.label, float("inf")), reverse=True)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = dict(zip([s.label for s in order], pool.map(
-            lambda s: check_stage(s, base, preload, pytest_options, False, threads), order)))
-    return [done[s.label] for s in chosen]
+    return run_tests(result, [s.source_dir], sanitized, pytest_options)
 
 
 def check_reliability(files: list[str], base: Path, preload: list[str],
@@ -341,15 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[sanitize] {selection}; ASan+UBSan builds in {base}; runtimes {' '.join(preload)}",
           flush=True)
     start = time.perf_counter()
-    skipped = {}
+    results = []
     for s in chosen:
         reason = why_not(s, args.full or bool(args.stages))  # a stage named is checked
         if reason:
             print(f"\n[sanitize] ===== {s.label}: skipped: {reason}", flush=True)
-            skipped[s.label] = Result(s.label, note=reason)
-    checked = iter(check_stages([s for s in chosen if s.label not in skipped], base, preload,
-                                pytest_options))
-    results = [skipped.get(s.label) or next(checked) for s in chosen]
+            results.append(Result(s.label, note=reason))
+            continue
+        results.append(check_stage(s, base, preload, pytest_options))
     if not args.stages:
         files = RELIABILITY_FULL if args.full else RELIABILITY
         results.append(check_reliability(files, base, preload, pytest_options))

@@ -738,7 +738,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-c",
            str(REPO / "pyproject.toml"), "--rootdir", str(copy),
            "-p", "workbook.testing.pytest_emulated", "-p", "workbook.testing.pytest_timings",
-           "-p", "workbook.testing.pytest_failfast", f"--junitxml={junit}",
+           f"--junitxml={junit}",
            "-o", "junit_family=xunit1", *targets, *pytest_args]
     print(f"[verify] running {s.label}'s tests on your copy: pytest "
           f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)

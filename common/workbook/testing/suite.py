@@ -1,4 +1,4 @@
-"""The test suite: a pytest process per stage and per file of the repository's own tests (tests/).
+"""The test suite: a pytest process per stage and for the repository's own tests (tests/).
 
     python -m workbook.testing.suite all       every stage and tests/, side by side  (make test)
     python -m workbook.testing.suite 5         stage 5's tests alone                (make stage 5)
@@ -55,7 +55,6 @@ class Part:
     options: list[str] = dataclasses.field(default_factory=list)
     exit_code: int = -1
     alone: bool = False  # run when no other part runs (its tests time things)
-    none_ok: bool = False  # collecting no test is no failure (a file whose tests are all marked)
     summary: str = ""
     seconds: float = 0.0
     emulated: int = 0  # how many of its tests ran on the emulated CUDA device (conftest.py)
@@ -63,7 +62,7 @@ class Part:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 or (self.none_ok and self.exit_code == 5)
+        return self.exit_code == 0
 
 
 # glibc gives every freed block over 32 MiB back to the kernel, which zeroes its pages again on
@@ -114,8 +113,7 @@ def run_part(part: Part, extra: list[str], env: dict[str, str] | None = None,
     part.exit_code = proc.returncode
     part.seconds = time.perf_counter() - start
     if part.exit_code == 5:
-        part.summary = ("no tests to run here (each has a target of its own)" if part.none_ok
-                        else "no tests collected (a stage must have test_*.py files)")
+        part.summary = "no tests collected (a stage must have test_*.py files)"
     return part
 
 
@@ -129,18 +127,15 @@ NOTEBOOKS_TEST = REPO / "tests" / "test_notebooks.py"
 
 
 def parts_for(targets: list[str]) -> list[Part]:
-    """'all': every stage, each file of tests/, and the notebooks (those that time code
-    alone); else the stages named (numbers or folders)."""
+    """'all': every stage, tests/, and the notebooks (those that time code alone); else the
+    stages named (numbers or folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
         # A node id as pytest prints it: --deselect matches it from the rootdir (the repository).
         untimed = f"{NOTEBOOKS_TEST.relative_to(REPO)}::test_notebooks_execute[untimed]"
-        # A part per file of tests/: one process held them all, and its 15 minutes were the
-        # run's longest path; apart, the longest-first schedule spreads them over the lanes.
-        # A file whose tests all have targets of their own collects none (exit 5): not a fault.
-        extra = [Part(_short(path), [path], list(TESTS_OPTIONS), none_ok=True)
-                 for path in sorted((REPO / "tests").glob("test_*.py")) if path != NOTEBOOKS_TEST]
-        extra += [Part("tests/test_notebooks.py: notebooks that time nothing", [REPO / untimed],
+        extra = [Part("tests/ (tools, benchmark, matrices)", [REPO / "tests"],
+                      [*TESTS_OPTIONS, "--ignore", str(NOTEBOOKS_TEST)]),
+                 Part("tests/test_notebooks.py: notebooks that time nothing", [REPO / untimed],
                       list(TESTS_OPTIONS)),
                  Part("tests/test_notebooks.py (alone: they time code)", [NOTEBOOKS_TEST],
                       [*TESTS_OPTIONS, "--deselect", untimed], alone=True)]
