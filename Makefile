@@ -88,7 +88,7 @@ help:
 	@echo "  make doctor      check the build environment: torch and its ABI, compiler, ninja, CUDA, GPUs"
 	@echo "  make fix-abi STAGE=N   repair a stage built with the wrong C++11 ABI (CHECK=1: only report)"
 	@echo "  make env         create .venv and install requirements.txt (other targets do it too)"
-	@echo "  make clean       remove build/ (every build output and JIT cache)"
+	@echo "  make clean       remove build/ (every build output and JIT cache) and build-standalone/"
 	@echo "  make distclean   remove build/ and .venv"
 	@echo
 	@echo "  PYTHON=/path/to/python make ...   use that interpreter (with torch) instead of .venv"
@@ -264,7 +264,7 @@ fix-abi: $(ENV_READY)
 	@PYTHON="$(PY)" $(REPO)/scripts/fix_abi.sh $(if $(CHECK),--check) $(STAGE)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(REPO)/build-standalone
 
 distclean: clean
 	rm -rf $(VENV)

@@ -1,15 +1,18 @@
 """The compiler cache (workbook.build.compiler.compiler_cache): set up so that a clone in another
 folder compiles nothing its twin compiled, and shown to, with ccache itself, on a small file laid
-out as a stage's build lays out its objects (no torch: it compiles in a fraction of a second)."""
+out as a stage's build lays out its objects (no torch: it compiles in a fraction of a second);
+and the order `make test` builds the stages in, so that a stage finds in the cache what another
+compiled (workbook.build.side_by_side)."""
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from workbook.build import compiler
+from workbook.build import compiler, side_by_side, stages
 
 SOURCE = "#include \"workbook_probe.h\"\nint probe(int x) { return twice(x) + 1; }\n"
 HEADER = "inline int twice(int x) { return 2 * x; }\n"
@@ -62,3 +65,47 @@ def test_a_clone_in_another_folder_hits_the_cache(tmp_path):
     cache = tmp_path / "cache"
     assert _build(tmp_path / "first" / "clone", cache) == {"hits": 0, "misses": 1}
     assert _build(tmp_path / "second" / "deeper" / "clone", cache) == {"hits": 1, "misses": 1}
+
+
+# -- the order of builds side by side: a build after the one that compiles its files and more ----
+
+
+def test_a_stage_builds_after_the_stage_that_compiles_all_its_files():
+    tasks = side_by_side._tasks(stages.all_stages(), force=True, require_cuda=False,
+                                emulated=True)
+    waits = {t.label: {w.label for w in side_by_side._after(t, tasks)} for t in tasks}
+    label = {s.folder[:2]: s.label for s in stages.all_stages()}
+    # 06, 07 and 09 build one library (extops, the same flags), each with the files of the one
+    # before it: 09 first, then 07 finds 06's and its own files compiled, then 06.
+    assert waits[label["07"]] == {label["09"]}
+    assert waits[label["06"]] == {label["07"], label["09"]}
+    assert waits[label["09"]] == set()
+    # Others that compile some of those files with other flags do not wait: stage 08 (its own
+    # package, so its own namespace), stage 10 (the stable ABI), stage 05 (the files' owner).
+    for s in ("05", "08", "10", "01", "02"):
+        assert waits[label[s]] == set(), s
+    # The emulated kernels follow the same rule among themselves.
+    assert waits[f"{label['07']}, emulated"] == {f"{label['09']}, emulated"}
+
+
+def test_the_builds_start_in_that_order(monkeypatch, tmp_path):
+    def task(name, units, weight):
+        script = f"import time; open({str(tmp_path / name)!r}, 'w').write(str(time.time()))"
+        return side_by_side._Task(name, [sys.executable, "-c", f"{script}; time.sleep(0.5)"],
+                                  weight, flags=("setup", "extops"),
+                                  units=frozenset(Path(u) for u in units))
+
+    # The heaviest is the one whose files the others have: it starts first anyway; "small" is
+    # heavier than "big" but waits for it.
+    tasks = [task("small", ["a"], 9), task("big", ["a", "b"], 5), task("other", ["c"], 1)]
+    monkeypatch.setattr(side_by_side, "_tasks", lambda *a, **k: tasks)
+    monkeypatch.setattr(side_by_side, "compiler_cache", lambda: "ccache (probe)")
+    monkeypatch.setenv("MAX_JOBS", "2")
+    assert side_by_side.build_side_by_side([]) == 0
+    started = {name: float((tmp_path / name).read_text()) for name in ("small", "big", "other")}
+    assert started["other"] < started["small"] and started["big"] < started["small"]
+    # Without a compiler cache there is nothing to find: the two longest first, side by side.
+    monkeypatch.setattr(side_by_side, "compiler_cache", lambda: "none")
+    assert side_by_side.build_side_by_side([]) == 0
+    started = {name: float((tmp_path / name).read_text()) for name in ("small", "big", "other")}
+    assert started["small"] < started["other"] and started["big"] < started["other"]

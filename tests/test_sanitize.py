@@ -120,3 +120,47 @@ def test_the_default_checks_the_stages_with_their_own_cpu_sources():
     for s in every:
         if s not in default:
             assert sanitize.why_not(s, full=False)  # a skipped stage says why
+
+
+def test_the_builds_come_first_then_the_tests_side_by_side(monkeypatch, capsys):
+    import time
+
+    from workbook.measure.timing import usable_cpus
+
+    picked = [s for s in stages.all_stages() if sanitize.why_not(s, full=False) is None][:2]
+    events = []
+
+    def build(s, base, preload):
+        events.append(("build", s.label, time.perf_counter()))
+        return sanitize.Result(s.label)
+
+    def run_part(part, extra, env=None, on_line=None, stream=True):
+        assert not stream, "side by side, a part's output is printed when it ends"
+        start = time.perf_counter()
+        time.sleep(0.5)
+        part.output.append(f"the output of {part.label}\n")
+        part.exit_code, part.summary = (1, "1 failed") if "fails" in env else (0, "1 passed")
+        part.seconds = time.perf_counter() - start
+        events.append(("test", part.label, start, time.perf_counter(), env["OMP_NUM_THREADS"]))
+        return part
+
+    monkeypatch.setattr(sanitize, "runtimes", lambda: ["/nonexistent/libasan.so"])
+    monkeypatch.setattr(sanitize, "build_stage", build)
+    monkeypatch.setattr(sanitize.suite, "run_part", run_part)
+    monkeypatch.setenv("WORKBOOK_TEST_JOBS", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert sanitize.main([str(s.number) for s in picked]) == 0
+    builds = [e for e in events if e[0] == "build"]
+    tests = [e for e in events if e[0] == "test"]
+    assert [e[1] for e in builds] == [s.label for s in picked] and len(tests) == 2
+    assert max(e[2] for e in builds) < min(e[2] for e in tests), "a test ran before a build"
+    (_, _, start_a, end_a, threads), (_, _, start_b, end_b, _) = tests
+    assert start_a < end_b and start_b < end_a, "the parts did not run side by side"
+    assert threads == str(max(1, len(usable_cpus()) // 2))
+    printed = capsys.readouterr().out
+    assert all(f"the output of {s.label}" in printed for s in picked)
+    assert "2 part(s) clean" in printed
+    # A part that fails fails the pass.
+    monkeypatch.setenv("fails", "1")
+    assert sanitize.main([str(picked[0].number)]) == 1
+    assert "FAILED" in capsys.readouterr().out

@@ -8,11 +8,15 @@ builder and the emulated device's builder hand their compilers an environment wi
 LD_PRELOAD. The last two, marked `standalone` (`make test-standalone`, CI's first step), run each
 pass on one stage into an empty build folder, as a clean clone would: racecheck on stage 04 (its
 CUDA tests import stage 02, which is then built under the checker's process) and sanitize on
-stage 01. With the compiler cache warm they take about a minute together; cold, about five on
-two cores (a build folder outside the clone shares no compiled file with its builds).
+stage 01. The empty folder is build-standalone/, beside build/: the compiler cache takes paths
+relative to the clone, so what these builds compile is what `make test`, `make racecheck` and
+`make sanitize` compile later into build/, found in the cache there. The race check's builds
+compile whatever the cache holds (CCACHE_RECACHE: the compiler itself must run in the checker's
+process, where it once crashed), and store what they compile; the sanitizer pass's may be hits.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -53,9 +57,15 @@ def test_the_emulated_device_compiles_without_a_preloaded_runtime(monkeypatch, t
     assert os.environ["LD_PRELOAD"] == RUNTIME
 
 
-def _pass(module: str, stage: int, build: str, extra: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WORKBOOK_BUILD_DIR=build, TORCH_EXTENSIONS_DIR=f"{build}/jit",
-               WORKBOOK_EMULATE_QUIET="1")
+# At the depth of build/, so that every compile's paths, relative to the clone, are the same.
+EMPTY = stages.REPO / "build-standalone"
+
+
+def _pass(module: str, stage: int, extra: list[str], **env: str) -> subprocess.CompletedProcess:
+    shutil.rmtree(EMPTY, ignore_errors=True)
+    EMPTY.mkdir()
+    env = dict(os.environ, WORKBOOK_BUILD_DIR=str(EMPTY), TORCH_EXTENSIONS_DIR=f"{EMPTY}/jit",
+               WORKBOOK_EMULATE_QUIET="1", **env)
     return subprocess.run([sys.executable, "-m", module, str(stage), "--", *extra],
                           env=env, capture_output=True, text=True, cwd=stages.REPO)
 
@@ -63,18 +73,18 @@ def _pass(module: str, stage: int, build: str, extra: list[str]) -> subprocess.C
 @pytest.mark.standalone
 @pytest.mark.skipif(toolkit.find() is None, reason="stage 04 is CUDA-only: no CUDA toolkit here")
 @pytest.mark.skipif(not emulate.active(), reason="the race check runs on the emulated device")
-def test_racecheck_runs_first_and_alone(tmp_path):
+def test_racecheck_runs_first_and_alone():
     # The one test of stage 04 that imports stage 02: built now, under the checker's process.
-    run = _pass("workbook.net.racecheck", 4, str(tmp_path),
-                ["-k", "test_matches_the_cpu_extension_of_stage_02"])
+    run = _pass("workbook.net.racecheck", 4, ["-k", "test_matches_the_cpu_extension_of_stage_02"],
+                CCACHE_RECACHE="1")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "1 passed" in run.stdout
-    assert (tmp_path / "stages" / stages.get(2).folder / "lib").is_dir()
+    assert (EMPTY / "stages" / stages.get(2).folder / "lib").is_dir()
 
 
 @pytest.mark.standalone
-def test_sanitize_runs_first_and_alone(tmp_path):
-    run = _pass("workbook.net.sanitize", 1, str(tmp_path / "build"), ["-x"])
+def test_sanitize_runs_first_and_alone():
+    run = _pass("workbook.net.sanitize", 1, ["-x"])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "clean under ASan+UBSan" in run.stdout
-    assert (tmp_path / "build" / "sanitize" / "stages" / stages.get(1).folder).is_dir()
+    assert (EMPTY / "sanitize" / "stages" / stages.get(1).folder).is_dir()

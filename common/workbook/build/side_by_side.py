@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from workbook.build import emulate, stages, toolkit
 from workbook.build.builder import StageSkipped, build_stage, is_up_to_date, toolkit_for
@@ -60,6 +61,15 @@ class _Task:
     command: list[str]
     weight: int
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # What it compiles, for the order (_after): the flags that set its objects apart (package,
+    # ABI, flavour) and its translation units.
+    flags: tuple = ()
+    units: frozenset[Path] = frozenset()
+
+
+def _units(s: Stage, suffixes: tuple[str, ...]) -> frozenset[Path]:
+    return frozenset(p.resolve() for folder in s.source_dirs for suffix in suffixes
+                     for p in folder.rglob(f"*{suffix}"))
 
 
 def _tasks(targets: list[Stage], *, force: bool, require_cuda: bool,
@@ -72,15 +82,26 @@ def _tasks(targets: list[Stage], *, force: bool, require_cuda: bool,
         command = [sys.executable, "-m", "workbook.build", str(s.source_dir)]
         command += ["--force"] * force + ["--require-cuda"] * require_cuda
         tasks.append(_Task(s.label, command, _weight(s),
-                           {"WORKBOOK_NO_CUDA": "1"} if s.cpu_only else {}))
+                           {"WORKBOOK_NO_CUDA": "1"} if s.cpu_only else {},
+                           (s.kind, s.package, s.stable_abi, s.cpu_only),
+                           _units(s, (".cpp", ".cu"))))
     for s in targets if emulated else []:
         if s.cuda:  # its .cu files for the emulated device (host code), as its tests will load
-            units = [p for folder in s.source_dirs for p in folder.rglob("*.cu")]
+            units = _units(s, (".cu",))
             tasks.append(_Task(f"{s.label}, emulated", [sys.executable, "-m",
                                                          "workbook.build.emulate",
                                                          "build", str(s.source_dir)],
-                               2 * len(units)))
+                               2 * len(units), {}, ("emulated", s.package, s.stable_abi), units))
     return tasks
+
+
+def _after(task: _Task, tasks: list[_Task]) -> list[_Task]:
+    """The builds `task` waits for: those that compile all of its translation units and more,
+    with the same flags. Stage 09 compiles stage 07's files and its own, as 07 compiles 06's:
+    built side by side, 07 and 09 would compile 07's files twice at once; with 09 first, 07
+    finds all of them in the compiler cache (where there is one) and only links."""
+    return [other for other in tasks if other is not task and other.flags == task.flags
+            and task.units and task.units < other.units]
 
 
 def build_side_by_side(targets: list[Stage], *, force: bool = False,
@@ -91,25 +112,35 @@ def build_side_by_side(targets: list[Stage], *, force: bool = False,
     busy however many there are: so the stages are built side by side, as many at a time as
     MAX_JOBS allows, each with twice its share of MAX_JOBS. At most twice MAX_JOBS compilers run
     at once, and the stage still compiling when the others are done is not left with one job.
-    The longest builds start first. Each stage writes its compiler output to its own build.log,
-    and its lines of progress here. `emulated`: the CUDA stages' kernels for the emulated CUDA
-    device too (workbook.build.emulate), which their tests would otherwise compile one after the
-    other when they first need them.
+    The longest builds start first, except that a build whose files another compiles too, with
+    the same flags, starts after it (_after), to find them in the compiler cache. Each stage
+    writes its compiler output to its own build.log, and its lines of progress here.
+    `emulated`: the CUDA stages' kernels for the emulated CUDA device too (workbook.build.emulate),
+    which their tests would otherwise compile one after the other when they first need them.
     """
     tasks = _tasks(targets, force=force, require_cuda=require_cuda, emulated=emulated)
     slots = int(max_jobs())
     at_once = max(1, min(slots, len(tasks)))
     jobs = str(max(1, min(slots, 2 * slots // at_once)))
     queue = sorted(tasks, key=lambda task: task.weight, reverse=True)
+    cache = compiler_cache()
+    waits = {id(task): _after(task, tasks) if cache.startswith(("ccache (", "sccache")) else []
+             for task in tasks}
     if len(queue) > 1:
         print(f"[build] {len(queue)} builds side by side, {at_once} at a time with MAX_JOBS="
-              f"{jobs} each, the longest first; compiler cache: {compiler_cache()}", flush=True)
+              f"{jobs} each, the longest first (a build whose files another compiles too, after "
+              f"it); compiler cache: {cache}", flush=True)
     start = time.perf_counter()
     running: dict[subprocess.Popen, _Task] = {}
     failed = []
+    done: set[int] = set()
     while queue or running:
-        while queue and len(running) < at_once:
-            task = queue.pop(0)
+        while len(running) < at_once:
+            ready = [task for task in queue if all(id(w) in done for w in waits[id(task)])]
+            if not ready:
+                break
+            task = ready[0]
+            queue.remove(task)
             env = dict(os.environ, MAX_JOBS=jobs, **task.env)
             running[subprocess.Popen(task.command, env=env)] = task
         time.sleep(0.2)
@@ -117,7 +148,7 @@ def build_side_by_side(targets: list[Stage], *, force: bool = False,
             if proc.returncode:
                 failed.append(running[proc].label)
                 print(f"[build] {running[proc].label}: FAILED (see above)", flush=True)
-            del running[proc]
+            done.add(id(running.pop(proc)))
     if len(tasks) > 1:
         print(f"[build] {len(tasks)} builds done in {time.perf_counter() - start:.1f} s"
               + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)

@@ -48,6 +48,10 @@ How it works:
   writing to stderr.) A subprocess a test starts inherits the runtimes; its report fails that
   test, in the test's own output (a matrix row's child: the row fails as a crash, exit status -6,
   with the end of the child's stderr).
+* **The order.** Every stage is built first, one at a time (each build has every core); then the
+  tests run as parts side by side, as `make test`'s do (one per core, at most three;
+  WORKBOOK_TEST_JOBS=1: one at a time), each with its share of the cores as torch threads, its
+  output and its reports printed whole when it ends.
 * **Stop at the first report.** A memory error leaves the heap in no known state, so ASan stops
   the process (going on needs -fsanitize-recover=address, and what follows means little).
   Undefined behaviour stops it too: -fno-sanitize-recover makes every check fatal in the library
@@ -81,17 +85,20 @@ under the default pass, tests/test_emulate.py runs one planted bug in them under
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import re
 import resource
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbook.build import stages, toolkit
 from workbook.build.stages import Stage, build_root
+from workbook.measure.timing import usable_cpus
 from workbook.testing import suite
 
 ASAN_OPTIONS = {"detect_leaks": "0", "abort_on_error": "1"}
@@ -121,8 +128,7 @@ class Result:
     note: str = ""  # the pytest summary, or why the part was skipped or failed
     build_s: float = 0.0  # wall-clock seconds
     test_s: float = 0.0
-    build_cpu_s: float = 0.0  # CPU seconds of the build's and the tests' processes
-    test_cpu_s: float = 0.0
+    build_cpu_s: float = 0.0  # CPU seconds of the build's processes
     reports: list[str] = field(default_factory=list)
 
 
@@ -224,56 +230,75 @@ def children_cpu() -> float:
 
 def run_tests(result: Result, paths: list[Path], env: dict[str, str],
               pytest_options: list[str]) -> Result:
-    """pytest on `paths` under the runtimes (env has them); fills in result."""
-    print(f"[sanitize] {result.label}: testing under the sanitizers (LD_PRELOAD="
-          f"{env['LD_PRELOAD']}, ASAN_OPTIONS={env['ASAN_OPTIONS']}, UBSAN_OPTIONS="
-          f"{env['UBSAN_OPTIONS']}) ...", flush=True)
-    reports, cpu = Reports(), children_cpu()
+    """pytest on `paths` under the runtimes (env has them); fills in result. Parts run side by
+    side (main), so the output is printed whole when the part ends, reports after it. (Their
+    CPU seconds are not told apart: main gives the sum.)"""
+    with _printing:
+        print(f"[sanitize] {result.label}: testing ...", flush=True)
+    reports = Reports()
     part = suite.run_part(suite.Part(result.label, paths, ["--capture=sys"]), pytest_options,
-                          env=env, on_line=reports)
-    result.test_s, result.test_cpu_s = part.seconds, children_cpu() - cpu
+                          env=env, on_line=reports, stream=False)
+    result.test_s = part.seconds
     result.reports = reports.texts()
     result.note = part.summary or f"pytest exit {part.exit_code}"
     result.status = "ok" if part.ok and not result.reports else "FAIL"
     if result.reports:
         result.note = f"{len(result.reports)} sanitizer report(s); pytest: {result.note}"
-    for number, text in enumerate(result.reports, 1):
-        print(f"\n[sanitize] ----- {result.label}: sanitizer report {number} of "
-              f"{len(result.reports)} (the test it ran in: the Python stack above it)\n{text}")
+    with _printing:
+        print(f"\n[sanitize] ===== {result.label}: its tests under the sanitizers (LD_PRELOAD="
+              f"{env['LD_PRELOAD']}, ASAN_OPTIONS={env['ASAN_OPTIONS']}, UBSAN_OPTIONS="
+              f"{env['UBSAN_OPTIONS']}), {part.seconds:.0f} s", flush=True)
+        print("".join(part.output), end="", flush=True)
+        for number, text in enumerate(result.reports, 1):
+            print(f"\n[sanitize] ----- {result.label}: sanitizer report {number} of "
+                  f"{len(result.reports)} (the test it ran in: the Python stack above it)\n"
+                  f"{text}", flush=True)
     return result
 
 
-def check_stage(s: Stage, base: Path, preload: list[str], pytest_options: list[str]) -> Result:
-    """Build stage s instrumented, then run its tests under the runtimes."""
+_printing = threading.Lock()
+
+
+def build_stage(s: Stage, base: Path, preload: list[str]) -> Result:
+    """Build stage s instrumented (its output streamed: builds run one at a time, each with
+    every core). A just-in-time stage is built by importing it, so under the runtimes."""
     result = Result(s.label)
-    env = environment(base, cpu_only=s.cpu_fallback or not s.cuda)
-    sanitized = with_runtimes(env, preload)
+    env = stage_environment(s, base)
     cpu_only = s.cuda and s.cpu_fallback  # built as Stage.cpu_only_build() says
     where = base / ("jit" if s.kind == "jit" else f"stages{'-cpu' * cpu_only}/{s.folder}")
     print(f"\n[sanitize] ===== {s.label}: building with ASan+UBSan into {where} ...", flush=True)
     start, cpu = time.perf_counter(), children_cpu()
     built = subprocess.run([sys.executable, "-m", "workbook.build", str(s.source_dir)],
-                           env=sanitized if s.kind == "jit" else env)
+                           env=with_runtimes(env, preload) if s.kind == "jit" else env)
     result.build_s, result.build_cpu_s = time.perf_counter() - start, children_cpu() - cpu
     if built.returncode != 0:
         result.status, result.note = "FAIL", f"build failed (exit {built.returncode})"
-        return result
+    return result
+
+
+def stage_environment(s: Stage, base: Path) -> dict[str, str]:
+    return environment(base, cpu_only=s.cpu_fallback or not s.cuda)
+
+
+def test_stage(s: Stage, result: Result, base: Path, preload: list[str],
+               pytest_options: list[str], env: dict[str, str]) -> Result:
+    """Stage s's tests under the runtimes, on its instrumented build (build_stage's)."""
+    sanitized = with_runtimes(dict(stage_environment(s, base), **env), preload)
     return run_tests(result, [s.source_dir], sanitized, pytest_options)
 
 
 def check_reliability(files: list[str], base: Path, preload: list[str],
-                      pytest_options: list[str]) -> Result:
+                      pytest_options: list[str], env: dict[str, str]) -> Result:
     """The repository's tests that drive the stages' C++ with hostile or random inputs, on the
     instrumented builds (which the stage checks built; one still missing is built on import)."""
     paths = [stages.REPO / f for f in files]
     result = Result(f"tests/ ({', '.join(p.stem.removeprefix('test_') for p in paths)})")
-    print(f"\n[sanitize] ===== {result.label}: the reliability tests on the instrumented "
-          f"builds ...", flush=True)
     missing = [f for f, p in zip(files, paths) if not p.is_file()]
     if missing:
         result.note = f"not found: {', '.join(missing)}"
         return result
-    return run_tests(result, paths, with_runtimes(environment(base), preload), pytest_options)
+    return run_tests(result, paths, with_runtimes(dict(environment(base), **env), preload),
+                     pytest_options)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,26 +323,41 @@ def main(argv: list[str] | None = None) -> int:
                  f"default selection (tests: -k {DEFAULT_DESELECT!r}; FULL=1 runs them all)")
     print(f"[sanitize] {selection}; ASan+UBSan builds in {base}; runtimes {' '.join(preload)}",
           flush=True)
-    start = time.perf_counter()
-    results = []
+    start, cpu = time.perf_counter(), children_cpu()
+    results, checked = {}, []
     for s in chosen:
         reason = why_not(s, args.full or bool(args.stages))  # a stage named is checked
         if reason:
             print(f"\n[sanitize] ===== {s.label}: skipped: {reason}", flush=True)
-            results.append(Result(s.label, note=reason))
-            continue
-        results.append(check_stage(s, base, preload, pytest_options))
+            results[s.label] = Result(s.label, note=reason)
+        else:
+            results[s.label] = build_stage(s, base, preload)
+            checked += [s] if results[s.label].status != "FAIL" else []
+    # The tests, `jobs` parts side by side (each with its share of the cores), the reliability
+    # tests among them: every stage they load is built by now.
+    jobs = suite.parts_at_a_time()
+    env = {} if "OMP_NUM_THREADS" in os.environ else {
+        "OMP_NUM_THREADS": str(max(1, len(usable_cpus()) // jobs))}
+    work = [lambda s=s: test_stage(s, results[s.label], base, preload, pytest_options, env)
+            for s in checked]
     if not args.stages:
         files = RELIABILITY_FULL if args.full else RELIABILITY
-        results.append(check_reliability(files, base, preload, pytest_options))
+        work.append(lambda: check_reliability(files, base, preload, pytest_options, env))
+    print(f"\n[sanitize] testing {len(work)} part(s), {jobs} at a time; each part's output is "
+          f"printed when it ends", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for result in pool.map(lambda run: run(), work):
+            results[result.label] = result
+    results = list(results.values())
     total = time.perf_counter() - start
 
-    print("\n[sanitize] ===== summary (ASan+UBSan): wall-clock seconds, CPU seconds in brackets")
+    cpu = children_cpu() - cpu
+    print(f"\n[sanitize] ===== summary (ASan+UBSan): wall-clock seconds (CPU seconds of the "
+          f"builds, one at a time, in brackets; tests ran {jobs} at a time)")
     for r in results:
         built = f"build {r.build_s:4.0f} ({r.build_cpu_s:4.0f}), " if r.build_s else ""
-        times = f"{built:<18}tests {r.test_s:4.0f} ({r.test_cpu_s:4.0f})" if r.test_s else built
-        print(f"  {r.status:<7} {r.label:<34} {times:<37} {r.note}")
-    cpu = sum(r.build_cpu_s + r.test_cpu_s for r in results)
+        times = f"{built:<18}tests {r.test_s:4.0f}" if r.test_s else built
+        print(f"  {r.status:<7} {r.label:<34} {times:<30} {r.note}")
     failed = [r for r in results if r.status == "FAIL"]
     if failed:
         print(f"[sanitize] FAILED: {', '.join(r.label for r in failed)} "
