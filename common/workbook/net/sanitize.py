@@ -277,11 +277,12 @@ def build_stage(s: Stage, base: Path, preload: list[str]) -> Result:
 
 
 def stage_environment(s: Stage, base: Path) -> dict[str, str]:
+    """The pass's environment for stage s: CPU-only unless it is a CUDA-only stage."""
     return environment(base, cpu_only=s.cpu_fallback or not s.cuda)
 
 
-def test_stage(s: Stage, result: Result, base: Path, preload: list[str],
-               pytest_options: list[str], env: dict[str, str]) -> Result:
+def stage_tests(s: Stage, result: Result, base: Path, preload: list[str],
+                pytest_options: list[str], env: dict[str, str]) -> Result:
     """Stage s's tests under the runtimes, on its instrumented build (build_stage's)."""
     sanitized = with_runtimes(dict(stage_environment(s, base), **env), preload)
     return run_tests(result, [s.source_dir], sanitized, pytest_options)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = suite.parts_at_a_time()
     env = {} if "OMP_NUM_THREADS" in os.environ else {
         "OMP_NUM_THREADS": str(max(1, len(usable_cpus()) // jobs))}
-    work = [lambda s=s: test_stage(s, results[s.label], base, preload, pytest_options, env)
+    work = [lambda s=s: stage_tests(s, results[s.label], base, preload, pytest_options, env)
             for s in checked]
     if not args.stages:
         files = RELIABILITY_FULL if args.full else RELIABILITY
