@@ -7,14 +7,18 @@ runs them in a fresh interpreter where the copy must not meet the stage's own ke
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from workbook import testing
 from workbook.build import builder, emulate, stages
+
+pytest_plugins = ["pytester"]
 
 # -- the source pass, on text ---------------------------------------------------------------------
 
@@ -221,6 +225,16 @@ print("limits ok")
 """
 
 
+def workdir(name: str) -> Path:
+    """An empty folder for a test's kernel sources and their build, at the same place every run
+    (under build/): the compiler cache takes paths relative to the clone, so a second run finds
+    what the first compiled (pytest's tmp_path is another place each time)."""
+    folder = stages.build_root() / "test-emulate" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def run_fresh(code: str, timeout: int = 900, env: dict | None = None
               ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -228,11 +242,12 @@ def run_fresh(code: str, timeout: int = 900, env: dict | None = None
 
 
 @pytest.mark.cuda
-def test_launches_past_cudas_limits_are_refused_with_cudas_error(tmp_path):
-    source = tmp_path / "limits.cu"
+def test_launches_past_cudas_limits_are_refused_with_cudas_error():
+    folder = workdir("limits")
+    source = folder / "limits.cu"
     source.write_text(LIMITS_KERNEL)
     code = f"SOURCE = {str(source)!r}\nfrom pathlib import Path\nSOURCE = Path(SOURCE)\n" \
-           f"BUILD = Path({str(tmp_path / 'build')!r})\n" + LIMITS_CHECKS
+           f"BUILD = Path({str(folder / 'build')!r})\n" + LIMITS_CHECKS
     result = run_fresh(code)
     assert result.returncode == 0 and "limits ok" in result.stdout, result.stderr[-3000:]
 
@@ -255,7 +270,7 @@ print("MUTANT", "PASSED" if result.ok else "CAUGHT", result)
 """
 
 
-def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
+def mutant_script(folder, mutation: tuple[str, str], build_dir) -> str:
     """MUTANT_CHECKS, run on a copy of stage 07's CUDA glue and kernel header with `mutation`
     (old, new) applied once to the kernels, built into build_dir beside the stage's own
     (ordinary) library."""
@@ -265,10 +280,10 @@ def mutant_script(tmp_path, mutation: tuple[str, str], build_dir) -> str:
     kernels = glue.with_suffix(".cuh")
     text = kernels.read_text()
     assert text.count(mutation[0]) == 1, "the code to mutate moved: update the mutation"
-    (tmp_path / glue.name).write_text(glue.read_text())
-    (tmp_path / kernels.name).write_text(text.replace(*mutation))
+    (folder / glue.name).write_text(glue.read_text())
+    (folder / kernels.name).write_text(text.replace(*mutation))
     builder.build_stage(stage, quiet=True)
-    sources = [str(tmp_path / glue.name), str(tmp_path / kernels.name)]
+    sources = [str(folder / glue.name), str(folder / kernels.name)]
     return (f"from pathlib import Path\nSOURCES = [Path(p) for p in {sources!r}]\n"
             f"BUILD = Path({str(build_dir)!r})\n" + MUTANT_CHECKS)
 
@@ -284,8 +299,9 @@ def mutant_env(env: dict | None = None) -> dict:
 
 
 @pytest.mark.cuda
-def test_a_mutation_of_a_stage_kernel_fails_against_the_reference(tmp_path):
-    code = mutant_script(tmp_path, SWAPPED, tmp_path / "build")
+def test_a_mutation_of_a_stage_kernel_fails_against_the_reference():
+    folder = workdir("swapped-weights")
+    code = mutant_script(folder, SWAPPED, folder / "build")
     result = run_fresh(code, env=mutant_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MUTANT CAUGHT" in result.stdout, result.stdout[-2000:]
@@ -299,6 +315,46 @@ def test_the_test_base_runs_cuda_tests_where_it_says():
         assert testing.no_device_reason(testing.CUDA) is None
 
 
+
+# A stage's CUDA tests as the race checker collects them: a case in three dtypes, gradients in
+# float64 alone, a CPU test.
+RACECHECK_CASES = """
+import pytest
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["small", "large"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("device", ["emulated_cuda"])
+def test_kernel(device, dtype, case):
+    pass
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_gradients(dtype):
+    pass
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cpu(dtype):
+    pass
+"""
+
+
+def test_the_race_checker_runs_each_cuda_case_in_float32_alone(pytester, monkeypatch):
+    pytester.makepyfile(test_cases=RACECHECK_CASES)
+    pytester.makeini("[pytest]\nmarkers =\n    cuda: a CUDA test\n")
+    plugin = ("-p", "workbook.testing.pytest_emulated")
+    monkeypatch.delenv("WORKBOOK_RACECHECK", raising=False)
+    everything, _ = pytester.inline_genitems(*plugin)
+    assert len(everything) == 9
+    monkeypatch.setenv("WORKBOOK_RACECHECK", "1")
+    collected, recorder = pytester.inline_genitems(*plugin)
+    deselected = {item.name for call in recorder.getcalls("pytest_deselected")
+                  for item in call.items}
+    assert sorted(item.name for item in collected if item.name not in deselected) == [
+        "test_cpu[float32]", "test_cpu[float64]", "test_gradients[float64]",
+        "test_kernel[emulated_cuda-float32-large]", "test_kernel[emulated_cuda-float32-small]"]
+    assert len(deselected) == 4
+
 # -- under the sanitizers: a planted out-of-bounds access is reported ------------------------------
 
 # The bug planted: the grid-stride loop of stage 07's sampling kernel one item too far, so the
@@ -309,12 +365,13 @@ OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += 
 
 
 @pytest.mark.cuda
-def test_an_off_by_one_in_a_kernel_is_reported_by_asan(tmp_path):
+def test_an_off_by_one_in_a_kernel_is_reported_by_asan():
     from workbook.net import sanitize
 
-    base = tmp_path / "sanitize"
+    folder = workdir("off-by-one")
+    base = folder / "sanitize"
     # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.
-    code = mutant_script(tmp_path, OFF_BY_ONE, base / "mutant")
+    code = mutant_script(folder, OFF_BY_ONE, base / "mutant")
     env = sanitize.with_runtimes(mutant_env(sanitize.environment(base)), sanitize.runtimes())
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=1200, env=env)

@@ -59,20 +59,28 @@ How it works:
   lost with UBSAN_OPTIONS on its way to a subprocess. The cost is one finding per run.
 
 **What the default checks, and FULL.** The default builds each stage whose C++ CPU sources are its
-own and built ahead of time (01, 02, 05, 06 today) and runs its tests, their emulated CUDA kernels
-included (the LLTM's), except the gradchecks and the two emulated LLTM cases of 65536 and 600000
-rows, which launch millions of emulated threads (``-k "not test_gradcheck and not b65536 and not
-b600000"``; the same launches run at smaller sizes), then the hostile-input matrices
-(tests/test_matrix.py, whose rows run in child processes that inherit the runtimes) on those
-builds, and the cooperating threads' kernels (tests/test_cooperation.py: fibers under ASan,
-each switch of stack told to it). The gradchecks are left out for time: under ASan every
-allocation goes through its allocator, so an op call costs about ten times more, and a full
-gradcheck calls the op twice per input element (the numerical Jacobian): they took 345 s of
-stage 06's 412, and about 75 s in each LLTM stage, against 10 to 16 s each without the
-sanitizers. They run no code that
-test_against_reference does not also run (forward and backward of every case in every dtype,
-gradients compared with the float64 reference). The stages alone took 5.5 minutes on a 2-core
-machine (350 CPU s), the matrices 1.5 more. FULL=1 runs every test; adds a just-in-time stage (03:
+own and built ahead of time (01, 02, 05, 06, 09 and 10 today) and runs its tests, their emulated
+CUDA kernels included, then the hostile-input matrices (tests/test_matrix.py, whose rows run in
+child processes that inherit the runtimes) on those builds, and the cooperating threads' kernels
+(tests/test_cooperation.py: fibers under ASan, each switch of stack told to it). It leaves out
+(``-k``, DEFAULT_DESELECT) the tests that run no kernel code the others do not run, and whose
+cost is their size or a compiler:
+
+  - the gradchecks: under ASan every allocation goes through its allocator, so an op call costs
+    about ten times more, and a full gradcheck calls the op twice per input element (the
+    numerical Jacobian): they took 345 s of stage 06's 412, and about 75 s in each LLTM stage,
+    against 10 to 16 s each without the sanitizers. test_against_reference runs the same forward
+    and backward on every case in every dtype, gradients compared with the float64 reference;
+  - the emulated LLTM cases of 65536 and 600000 rows and the deformable convolution's big inputs
+    (``test_big_inputs``): millions of emulated threads running the launches the smaller cases
+    run (stage 10's big inputs took 77 s under ASan);
+  - the deployment paths (``test_deploy``: TorchScript, checkpoints, ONNX, torch.export, an
+    AOTInductor package, DDP; 123 s), torch.compile (``test_compile_fullgraph``) and the import
+    from a bare interpreter (``imports_from_anywhere``): they call the ops with the inputs the
+    stage's own tests use, through torch's machinery (whose C++ compiles, Inductor's, would
+    run under the preloaded runtimes); make test checks what they say about packaging.
+
+FULL=1 runs every test; adds a just-in-time stage (03:
 stage 02's C++ again, and a `load_inline` extension built and loaded under the sanitizers), a stage
 built from another stage's sources (07: stage 06's CPU kernels, CPU-only, with its package-level
 tests) and, where nvcc is found, a CUDA-only stage (04: its nvcc build's C++ front is instrumented,
@@ -104,7 +112,9 @@ from workbook.testing import suite
 ASAN_OPTIONS = {"detect_leaks": "0", "abort_on_error": "1"}
 UBSAN_OPTIONS = {"print_stacktrace": "1", "halt_on_error": "1", "abort_on_error": "1"}
 # The tests the default pass leaves out (a pytest -k expression); the docstring says why.
-DEFAULT_DESELECT = "not test_gradcheck and not b65536 and not b600000"
+DEFAULT_DESELECT = ("not test_gradcheck and not b65536 and not b600000 and not test_big_inputs "
+                    "and not test_deploy and not test_compile_fullgraph "
+                    "and not imports_from_anywhere")
 # The repository's tests that drive the stages' C++ with hostile or random inputs, and the
 # emulated device's fibers, run on the instrumented builds after the stages: the hostile-input
 # matrices and the cooperating kernels by default (they need the default's stages), with FULL the

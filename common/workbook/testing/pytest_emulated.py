@@ -6,6 +6,14 @@ Tests of CUDA kernels carry the mark `cuda` (workbook.testing.requires_cuda, and
 the CUDA device). Where those run on the emulated CUDA device (workbook.build.emulate: no GPU
 visible, or WORKBOOK_CUDA=emulate), the device is loaded before each such test, and the run ends
 with one line saying how many ran emulated, so that no emulated result passes for a GPU's.
+
+Under the race checker (WORKBOOK_RACECHECK=1, workbook.net.racecheck), a case of a CUDA test that
+runs in float32 runs in float32 alone: its siblings in the other dtypes (the same test, the same
+other parameters, workbook.testing.pytest_failfast.sibling_key) are deselected. The kernels are
+templates on the element type: each dtype meets the same barriers and touches the same addresses
+in the same order, so the checker, which looks at the order of accesses and not at their values,
+sees nothing new in a second one. A case without a float32 sibling (a size that runs in float64
+alone, as gradcheck's cases do) still runs.
 """
 
 import collections
@@ -16,6 +24,35 @@ from workbook import testing
 from workbook.build import emulate
 
 _outcomes: collections.Counter = collections.Counter()
+
+
+def pytest_collection_modifyitems(config, items):
+    if not emulate.racecheck():
+        return
+    # Imported here: pytest rewrites the asserts of a plugin module it imports itself.
+    from workbook.testing.pytest_failfast import sibling_key
+
+    in_float32 = {sibling_key(item) for item in items
+                  if _is_cuda(item) and "float32" in _id_parts(item)}
+    kept, dropped = [], []
+    for item in items:
+        key = sibling_key(item) if _is_cuda(item) else None
+        if key in in_float32 and "float32" not in _id_parts(item):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _is_cuda(item) -> bool:
+    return item.get_closest_marker("cuda") is not None
+
+
+def _id_parts(item) -> list[str]:
+    """The parts of a parametrized test's id ("emulated_cuda-float32-b1_f1_s1")."""
+    return item.callspec.id.split("-") if hasattr(item, "callspec") else []
 
 
 def pytest_runtest_setup(item):
