@@ -7,11 +7,9 @@ runs them in a fresh interpreter where the copy must not meet the stage's own ke
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -225,16 +223,6 @@ print("limits ok")
 """
 
 
-def workdir(name: str) -> Path:
-    """An empty folder for a test's kernel sources and their build, at the same place every run
-    (under build/): the compiler cache takes paths relative to the clone, so a second run finds
-    what the first compiled (pytest's tmp_path is another place each time)."""
-    folder = stages.build_root() / "test-emulate" / name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
-
-
 def run_fresh(code: str, timeout: int = 900, env: dict | None = None
               ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -243,7 +231,7 @@ def run_fresh(code: str, timeout: int = 900, env: dict | None = None
 
 @pytest.mark.cuda
 def test_launches_past_cudas_limits_are_refused_with_cudas_error():
-    folder = workdir("limits")
+    folder = stages.empty_build_folder("test-emulate", "limits")
     source = folder / "limits.cu"
     source.write_text(LIMITS_KERNEL)
     code = f"SOURCE = {str(source)!r}\nfrom pathlib import Path\nSOURCE = Path(SOURCE)\n" \
@@ -300,7 +288,7 @@ def mutant_env(env: dict | None = None) -> dict:
 
 @pytest.mark.cuda
 def test_a_mutation_of_a_stage_kernel_fails_against_the_reference():
-    folder = workdir("swapped-weights")
+    folder = stages.empty_build_folder("test-emulate", "swapped-weights")
     code = mutant_script(folder, SWAPPED, folder / "build")
     result = run_fresh(code, env=mutant_env())
     assert result.returncode == 0, result.stderr[-3000:]
@@ -313,7 +301,6 @@ def test_the_test_base_runs_cuda_tests_where_it_says():
     elif emulate.setting() != "off":
         assert testing.CUDA == emulate.DEVICE and testing.EMULATED
         assert testing.no_device_reason(testing.CUDA) is None
-
 
 
 # A stage's CUDA tests as the race checker collects them: a case in three dtypes, gradients in
@@ -355,6 +342,7 @@ def test_the_race_checker_runs_each_cuda_case_in_float32_alone(pytester, monkeyp
         "test_kernel[emulated_cuda-float32-large]", "test_kernel[emulated_cuda-float32-small]"]
     assert len(deselected) == 4
 
+
 # -- under the sanitizers: a planted out-of-bounds access is reported ------------------------------
 
 # The bug planted: the grid-stride loop of stage 07's sampling kernel one item too far, so the
@@ -368,7 +356,7 @@ OFF_BY_ONE = (_SAMPLING + "  for (int64_t t = first_item(); t < s.samples; t += 
 def test_an_off_by_one_in_a_kernel_is_reported_by_asan():
     from workbook.net import sanitize
 
-    folder = workdir("off-by-one")
+    folder = stages.empty_build_folder("test-emulate", "off-by-one")
     base = folder / "sanitize"
     # The stage's own library, built ordinarily, is not instrumented: the mutant's kernels are.
     code = mutant_script(folder, OFF_BY_ONE, base / "mutant")

@@ -4,7 +4,6 @@ minutes), every stage carved for real: the copy builds, and fails the tests of i
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -399,15 +398,6 @@ def test_make_test_leaves_the_exercise_tests_to_make_test_exercises():
 # Every stage carved for real (make test-exercises)
 
 
-def build_folder(name: str) -> Path:
-    """An empty build folder for a carved copy, at the same place every run (under build/): the
-    compiler cache takes paths relative to the clone, so a second run finds every file it
-    compiled in the cache (a temporary folder is another place each time)."""
-    base = stages.build_root() / "test-exercises" / name
-    shutil.rmtree(base, ignore_errors=True)
-    return base
-
-
 @pytest.mark.exercises
 @pytest.mark.parametrize("s", STAGES, ids=stage_ids)
 def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
@@ -429,7 +419,8 @@ def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
     nvcc = toolkit.find() is not None
     if runnable:
         cpu_only = s.cuda and s.cpu_fallback and testing.NO_CUDA is not None and not not_here
-        report = exercises.verify(s, work, base=build_folder(s.folder),
+        base = stages.empty_build_folder("test-exercises", s.folder)
+        report = exercises.verify(s, work, base=base,
                                  tests=[t for e in runnable for t in e.checked_by],
                                  env={"WORKBOOK_NO_CUDA": "1"} if cpu_only else None)
         assert report.built, f"the carved copy of {s.label} does not build"
@@ -472,7 +463,8 @@ def test_a_missing_barrier_in_an_exercise_is_a_race_make_verify_names(tmp_path):
     assert text.count(barrier) == 1, "the second barrier of the tile loop moved: update the test"
     kernels.write_text("\n".join(line for line in text.splitlines()
                                   if not line.startswith(barrier)) + "\n")
-    report = exercises.verify(s, work, base=build_folder(f"{s.folder}-race"),
+    base = stages.empty_build_folder("test-exercises", f"{s.folder}-race")
+    report = exercises.verify(s, work, base=base,
                               tests=["test_lltm_cooperating.py::test_tiles_that_do_not_fill"])
     assert report.status["tile-loop"] == "RACE", report.status
     region = exercises._region(work, exercises.get(s, "tile-loop"))

@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import os
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -54,6 +55,16 @@ class StageError(ValueError):
 def build_root() -> Path:
     """The one folder every build output and JIT cache lives under (git-ignored)."""
     return Path(os.environ.get("WORKBOOK_BUILD_DIR", REPO / "build")).resolve()
+
+
+def empty_build_folder(*parts: str) -> Path:
+    """build_root()/parts, emptied: a test's sources and builds at the same place every run. The
+    compiler cache takes paths relative to the clone, so a second run finds in it every file the
+    first compiled (a temporary folder is another place each time)."""
+    folder = build_root().joinpath(*parts)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ This is its counterpart without one:
   for the same reason a case that runs in float32 does not run again in float64
   (workbook.testing.pytest_emulated deselects the sibling; a case in float64 alone still runs);
   and the gradchecks, opchecks and torch.compile tests, which launch the kernels on the cases
-  test_against_reference launches them on, only more times (they took 110 s of the pass's 560).
+  test_against_reference launches them on, only more times.
   Two stages run side by side (each on one CPU thread), as make test's parts do.
 * **What it cannot see.** A race between two threads whose indices in the grid differ by a
   multiple of 1024 (threads share the checker's identities that way: creating one costs most of a

@@ -73,9 +73,9 @@ cost is their size or a compiler:
     and backward on every case in every dtype, gradients compared with the float64 reference;
   - the emulated LLTM cases of 65536 and 600000 rows and the deformable convolution's big inputs
     (``test_big_inputs``): millions of emulated threads running the launches the smaller cases
-    run (stage 10's big inputs took 77 s under ASan);
+    run;
   - the deployment paths (``test_deploy``: TorchScript, checkpoints, ONNX, torch.export, an
-    AOTInductor package, DDP; 123 s), torch.compile (``test_compile_fullgraph``) and the import
+    AOTInductor package, DDP), torch.compile (``test_compile_fullgraph``) and the import
     from a bare interpreter (``imports_from_anywhere``): they call the ops with the inputs the
     stage's own tests use, through torch's machinery (whose C++ compiles, Inductor's, would
     run under the preloaded runtimes); make test checks what they say about packaging.

@@ -32,18 +32,14 @@ def pytest_collection_modifyitems(config, items):
     # Imported here: pytest rewrites the asserts of a plugin module it imports itself.
     from workbook.testing.pytest_failfast import sibling_key
 
-    in_float32 = {sibling_key(item) for item in items
-                  if _is_cuda(item) and "float32" in _id_parts(item)}
-    kept, dropped = [], []
-    for item in items:
-        key = sibling_key(item) if _is_cuda(item) else None
-        if key in in_float32 and "float32" not in _id_parts(item):
-            dropped.append(item)
-        else:
-            kept.append(item)
+    cuda = [item for item in items if _is_cuda(item)]
+    in_float32 = {sibling_key(item) for item in cuda if "float32" in _id_parts(item)}
+    dropped = [item for item in cuda
+               if sibling_key(item) in in_float32 and "float32" not in _id_parts(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+        gone = set(dropped)
+        items[:] = [item for item in items if item not in gone]
 
 
 def _is_cuda(item) -> bool:
@@ -56,7 +52,7 @@ def _id_parts(item) -> list[str]:
 
 
 def pytest_runtest_setup(item):
-    if testing.EMULATED and item.get_closest_marker("cuda") is not None:
+    if testing.EMULATED and _is_cuda(item):
         emulate.ensure_device()
 
 
