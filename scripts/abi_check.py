@@ -32,7 +32,7 @@ import time
 import venv
 from pathlib import Path
 
-from workbook.build import stages
+from workbook.build import compiler, stages
 from workbook.build.loader import INSTALLED
 
 REPO = stages.REPO
@@ -63,6 +63,9 @@ def pins(names) -> list[str]:
 
 
 def build_wheel(stage: stages.Stage) -> Path:
+    # pip runs setup.py with this environment: the compiler cache's settings for this clone in
+    # it, so that a wheel built in another clone of the same sources compiles nothing again.
+    compiler.compiler_cache()
     dist = REPO / "dist"
     dist.mkdir(exist_ok=True)
     for old in dist.glob(f"{stage.package}-*.whl"):

@@ -15,7 +15,8 @@ import pytest
 from workbook.build import compiler, side_by_side, stages
 
 SOURCE = "#include \"workbook_probe.h\"\nint probe(int x) { return twice(x) + 1; }\n"
-HEADER = "inline int twice(int x) { return 2 * x; }\n"
+HEADER = ("inline int twice(int x) { return 2 * x; }\n"
+          "inline const char* where() { return __FILE__; }\n")
 
 
 def test_the_base_dir_is_this_clone_unless_it_holds_it(monkeypatch, tmp_path):
@@ -36,22 +37,25 @@ def test_the_base_dir_is_this_clone_unless_it_holds_it(monkeypatch, tmp_path):
     assert os.environ["CCACHE_BASEDIR"] == str(compiler.REPO.parent)
 
 
-def _build(clone: Path, cache: Path) -> dict[str, int]:
-    """Compile probe.cpp in a stage folder of the clone from its build folder, as ninja
-    does for a stage, through ccache set up as compiler_cache() sets it; the cache's counters."""
+def _build(clone: Path, cache: Path, include: list[str] = ("-I",),
+           work: Path = Path("build/stages/01_x/temp"), **settings: str) -> dict[str, int]:
+    """Compile probe.cpp in a stage folder of the clone from its build folder (`work`, relative
+    to the clone), as ninja does for a stage, through ccache set up as compiler_cache() sets it
+    (and `settings`), its header's folder passed with `include` (the option, then any flags);
+    the cache's counters."""
     source = clone / "stages" / "01_x" / "csrc" / "probe.cpp"
     source.parent.mkdir(parents=True)
     source.write_text(SOURCE)
     (clone / "common" / "include").mkdir(parents=True)
     (clone / "common" / "include" / "workbook_probe.h").write_text(HEADER)
-    work = clone / "build" / "stages" / "01_x" / "temp"
+    work = clone / work
     work.mkdir(parents=True)
     env = dict(os.environ, CCACHE_DIR=str(cache), CCACHE_BASEDIR=str(clone),
-               CCACHE_NOHASHDIR="1")
+               CCACHE_NOHASHDIR="1", **settings)
     env.pop("CCACHE_DISABLE", None)
-    subprocess.run(["ccache", "g++", "-O2", "-g0", "-I", str(clone / "common" / "include"),
-                    "-c", str(source), "-o", str(work / "probe.o")], cwd=work, env=env,
-                   check=True)
+    subprocess.run(["ccache", "g++", "-O2", "-g0", *include[1:], include[0],
+                    str(clone / "common" / "include"), "-c", str(source), "-o",
+                    str(work / "probe.o")], cwd=work, env=env, check=True)
     stats = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True,
                            text=True, check=True).stdout
     counts = dict(line.split("\t") for line in stats.splitlines() if "\t" in line)
@@ -65,6 +69,24 @@ def test_a_clone_in_another_folder_hits_the_cache(tmp_path):
     cache = tmp_path / "cache"
     assert _build(tmp_path / "first" / "clone", cache) == {"hits": 0, "misses": 1}
     assert _build(tmp_path / "second" / "deeper" / "clone", cache) == {"hits": 1, "misses": 1}
+
+
+@pytest.mark.skipif(shutil.which("ccache") is None or not compiler.cache_flags(),
+                    reason="no ccache on PATH, or the host compiler is not GCC")
+@pytest.mark.parametrize("flags", [[], compiler.cache_flags()], ids=["gcc's default", "ours"])
+def test_a_system_header_deep_below_the_build_folder_keeps_its_relative_name(flags, tmp_path):
+    # torch's just-in-time builder passes its headers with -isystem. From a build folder deep
+    # enough that the relative path to the header is longer than its absolute one, GCC names it
+    # by the absolute one, clone and all (__FILE__ in the header): a miss in any other clone,
+    # unless compiler.cache_flags() keeps the name. The emulated device's builds are looked up
+    # by their preprocessed text alone (their #line names a stage's file, relative to the clone,
+    # which ccache cannot find from the build folder, so it turns its direct mode off): so here.
+    cache, work = tmp_path / "cache", Path("build", *["e"] * 40)
+    assert _build(tmp_path / "a" / "clone", cache, ["-isystem", *flags], work,
+                  CCACHE_NODIRECT="1") == {"hits": 0, "misses": 1}
+    second = _build(tmp_path / "b" / "clone", cache, ["-isystem", *flags], work,
+                    CCACHE_NODIRECT="1")
+    assert second == ({"hits": 1, "misses": 1} if flags else {"hits": 0, "misses": 2})
 
 
 # -- the order of builds side by side: a build after the one that compiles its files and more ----

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook.build import emulate
+from workbook.build import emulate, stages
 
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = [KERNELS / "cooperating.cu", KERNELS / "planted_faults.cu"]
@@ -183,6 +183,8 @@ def test_cooperating_kernels_give_the_cpus_results_in_every_order(kernels, monke
 # -- synccheck -------------------------------------------------------------------------------------
 
 PLANTED = KERNELS / "planted_faults.cu"
+# How the emulated device's reports name it: relative to the clone, as a stage's files.
+PLANTED_NAME = PLANTED.relative_to(stages.REPO)
 
 
 def test_a_barrier_half_the_block_skips_is_an_error_naming_threads_and_line(kernels):
@@ -191,7 +193,7 @@ def test_a_barrier_half_the_block_skips_is_an_error_naming_threads_and_line(kern
     assert "unspecified launch failure" in text and "kernel `divergent_barrier`" in text
     assert "block (0, 0, 0) of a grid of (2, 1, 1)" in text
     assert "a barrier that not every thread of the block reaches" in text
-    assert f"threads 0..15: wait at `__syncthreads` ({PLANTED}:{line})" in text
+    assert f"threads 0..15: wait at `__syncthreads` ({PLANTED_NAME}:{line})" in text
     assert "threads 16..31: returned" in text
 
 
@@ -207,15 +209,15 @@ def test_a_shuffle_whose_mask_names_returned_lanes_is_an_error(kernels):
     text = failure(kernels, "shuffle_without_lanes", torch.zeros(32))
     line = line_of(PLANTED, "missing lanes")
     assert "a warp collective whose lanes do not all arrive" in text
-    assert (f"threads 0..15: wait at `__shfl_down_sync` ({PLANTED}:{line}) with mask 0xffffffff, "
-            f"for lanes 16..31 of warp 0, which are not there") in text
+    assert (f"threads 0..15: wait at `__shfl_down_sync` ({PLANTED_NAME}:{line}) with mask "
+            f"0xffffffff, for lanes 16..31 of warp 0, which are not there") in text
     assert "threads 16..31: returned" in text
 
 
 def test_shared_memory_past_cudas_limit_is_an_error(kernels):
     text = failure(kernels, "too_much_shared", torch.zeros(64))
     line = line_of(PLANTED, "too much shared")
-    assert f"`__shared__` ({PLANTED}:{line})" in text
+    assert f"`__shared__` ({PLANTED_NAME}:{line})" in text
     assert "the block's __shared__ variables come to 53248 bytes, past CUDA's limit of 49152" \
         in text
 

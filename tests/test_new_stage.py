@@ -1,10 +1,9 @@
 """`make new-stage NAME=...` gives a stage that builds and passes its tests, and an op that the
 hostile-input matrix, the fuzzer, the concurrency test and the benchmark cover with no edit
-outside its two folders; in a copy of the repository (built and tested there, then removed with
-the temporary folder)."""
+outside its two folders; in a copy of the repository under build/working-copies/ (built and
+tested there, emptied by the next run)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -16,9 +15,8 @@ from workbook.build import stages
 
 @pytest.mark.template
 def test_new_stage_builds_and_passes_its_tests(tmp_path):
-    copy = testing.working_copy(tmp_path / "repo")
-    env = dict(os.environ, PYTHONPATH=str(copy / "common"), PYTHON=sys.executable,
-               WORKBOOK_BUILD_DIR=str(tmp_path / "build"))
+    copy, env = testing.working_copy_in_build("new-stage")
+    env["PYTHON"] = sys.executable
     number = max(s.number for s in stages.all_stages()) + 1
 
     def run(*args, timeout=1200):

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,13 +77,11 @@ def test_stage_toml_is_checked(tmp_path):
 
 
 @pytest.mark.template
-def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
+def test_a_copied_stage_is_built_and_tested_with_no_other_edit():
     """The acceptance check of the template: copy a stage folder under a new number, and the
     build and the test suite take it up; the README table test fails until its row is added."""
-    copy = testing.working_copy(tmp_path / "repo")
+    copy, env = testing.working_copy_in_build("copied-stage")
     shutil.copytree(copy / "stages" / "01_z2xy", copy / "stages" / "42_z2xy_again")
-    env = dict(os.environ, PYTHONPATH=str(copy / "common"),
-               WORKBOOK_BUILD_DIR=str(tmp_path / "build"))
 
     def run(*args, timeout=900):
         return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True,
@@ -92,7 +91,7 @@ def test_a_copied_stage_is_built_and_tested_with_no_other_edit(tmp_path):
     assert listed.returncode == 0 and "42" in listed.stdout.split(), listed.stdout + listed.stderr
     built = run("-m", "workbook.build", "42")
     assert built.returncode == 0, built.stdout + built.stderr
-    assert (tmp_path / "build" / "stages" / "42_z2xy_again" / "lib" / "z2xy").is_dir()
+    assert (Path(env["WORKBOOK_BUILD_DIR"]) / "stages" / "42_z2xy_again" / "lib" / "z2xy").is_dir()
     tested = run("-m", "workbook.testing.suite", "42")
     assert tested.returncode == 0, tested.stdout[-3000:]
     assert "stage 42 (42_z2xy_again)" in tested.stdout and " passed" in tested.stdout

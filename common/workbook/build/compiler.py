@@ -18,8 +18,10 @@ Building a stage is `workbook.build.builder`; importing it, `workbook.build.load
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,7 +74,31 @@ def cxx_flags() -> list[str]:
     it, for gdb; `make sanitize` asks for line tables (-g1) of its own.
     """
     debug = os.environ.get("WORKBOOK_DEBUG", "").strip() not in ("", "0")
-    return ["-O3", abi_flag(), *([] if debug else ["-g0"])] + sanitizer_flags()
+    return ["-O3", abi_flag(), *([] if debug else ["-g0"]), *cache_flags()] + sanitizer_flags()
+
+
+def cache_flags() -> list[str]:
+    """-fno-canonical-system-headers where the host compiler is GCC, for the compiler cache.
+
+    torch's just-in-time builder (stage 03, the emulated CUDA device) hands torch's headers to the
+    compiler with -isystem. The cache makes that path relative to the clone (CCACHE_BASEDIR), but
+    GCC then names each system header by its absolute path wherever that is the shorter of the
+    two: the clone's folder ends up in the preprocessed text (every __FILE__ in torch's checks),
+    and a build in any other clone misses. The flag keeps the name the compiler was given.
+    setup.py builds pass torch's headers with -I and are not affected.
+    """
+    return ["-fno-canonical-system-headers"] if _host_compiler_is_gcc() else []
+
+
+@functools.cache
+def _host_compiler_is_gcc() -> bool:
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Free Software Foundation" in version
 
 
 def sanitizer_flags() -> list[str]:

@@ -599,6 +599,13 @@ def _progress(what: str) -> None:
         print(f"[emulate] building or loading {what} ...", file=sys.stderr, flush=True)
 
 
+def _origin(source: Path) -> str:
+    """The name a rewritten file's `#line` gives its source: relative to the clone where it lies
+    in it, so that the compiler cache finds the same text from any clone (CCACHE_BASEDIR takes
+    care of the command line, not of the text), and the sanitizers' reports name it the same."""
+    return str(source.relative_to(REPO) if source.is_relative_to(REPO) else source)
+
+
 def _write_sources(p: Plan) -> list[Path]:
     """The plan's sources, the .cu files rewritten, under build/emulated/<stage>/src/ (a file is
     rewritten only when its text changes, so ninja rebuilds only what changed)."""
@@ -612,9 +619,8 @@ def _write_sources(p: Plan) -> list[Path]:
         target = p.build_dir / "src" / relative.with_suffix(".cpp" if source.suffix == ".cu"
                                                              else source.suffix)
         text = source.read_text()
-        origin = str(source.relative_to(REPO) if source.is_relative_to(REPO) else source)
-        new = rewrite(text, origin, cooperative) if source.suffix == ".cu" else \
-            f'#include "emulated_cuda.h"\n#line 1 "{origin}"\n' + text
+        new = rewrite(text, _origin(source), cooperative) if source.suffix == ".cu" else \
+            f'#include "emulated_cuda.h"\n#line 1 "{_origin(source)}"\n' + text
         if source.suffix != ".cu":
             for pattern, replacement in _RENAMES:
                 new = pattern.sub(replacement, new)
@@ -624,8 +630,7 @@ def _write_sources(p: Plan) -> list[Path]:
         out.append(target)
     for header in headers:
         target = p.include_dir / header.name
-        origin = str(header.relative_to(REPO) if header.is_relative_to(REPO) else header)
-        new = rewrite(header.read_text(), origin, cooperative)
+        new = rewrite(header.read_text(), _origin(header), cooperative)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
@@ -644,7 +649,7 @@ def build_kernels(name: str, sources: list[Path], build_dir: Path) -> None:
         header = source.suffix == ".cuh"
         target = build_dir / "src" / (source.name if header else source.with_suffix(".cpp").name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        new = rewrite(source.read_text(), str(source), cooperative)
+        new = rewrite(source.read_text(), _origin(source), cooperative)
         if not target.is_file() or target.read_text() != new:
             target.write_text(new)
         if not header:

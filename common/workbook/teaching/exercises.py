@@ -703,6 +703,8 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
         _sync(work if folder.name == s.folder else folder, tree / folder.name)
     copy = tree / s.folder
     rewrite = {str(copy): _show(work)}
+    if copy.is_relative_to(REPO):  # the paths an emulated build records are the repository's
+        rewrite[str(copy.relative_to(REPO))] = _show(work)
     run_env = dict(os.environ, **(env or {}))
     from workbook.build import emulate
 
@@ -746,8 +748,6 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     report.results = _read_junit(junit)
     if code not in (0, 1):
         print(f"[verify] pytest stopped with exit code {code} (see above)")
-    if copy.is_relative_to(REPO):  # the paths an emulated build records are the repository's
-        rewrite[str(copy.relative_to(REPO))] = _show(work)
     report.races = _racecheck(s, copy, cmd[:cmd.index(f"--junitxml={junit}")] + targets,
                               run_env, rewrite)
     _summarise(report, found, work, time.perf_counter() - start)

@@ -544,6 +544,24 @@ def working_copy(destination):
     return destination
 
 
+def working_copy_in_build(name: str) -> tuple[Path, dict]:
+    """A working copy (above) at build/working-copies/<name>/repo/, emptied first, and the
+    environment that runs the workbook there: the copy's common/ on PYTHONPATH, its builds in
+    build/working-copies/<name>/build/. Inside this clone and at the same place every run, so the
+    compiler cache finds its compiles again from any clone: the copy keeps this clone's
+    CCACHE_BASEDIR (workbook.build.compiler), under which the venv's headers lie too."""
+    import os
+
+    from workbook.build import compiler, stages
+
+    folder = stages.empty_build_folder("working-copies", name)
+    compiler.compiler_cache()
+    copy = working_copy(folder / "repo")
+    env = dict(os.environ, PYTHONPATH=str(copy / "common"),
+               WORKBOOK_BUILD_DIR=str(folder / "build"))
+    return copy, env
+
+
 # ----------------------------------------------------------------------------------------------
 # Past 2^31 elements: opt-in (WORKBOOK_HUGE_TESTS=1), on a GPU with the memory; the outputs are
 # compared a chunk at a time (workbook.spec.assert_rows_close).
