@@ -27,7 +27,7 @@ def test_the_base_dir_is_this_clone_unless_it_holds_it(monkeypatch, tmp_path):
     compiler.compiler_cache()
     assert os.environ["CCACHE_BASEDIR"] == str(compiler.REPO)
     assert os.environ["CCACHE_NOHASHDIR"] == "1"
-    # One a process of another clone set (make test-template's copies inherit it): replaced.
+    # One a process of another clone set, inherited: replaced.
     monkeypatch.setenv("CCACHE_BASEDIR", str(tmp_path / "another_clone"))
     compiler.compiler_cache()
     assert os.environ["CCACHE_BASEDIR"] == str(compiler.REPO)
@@ -37,7 +37,7 @@ def test_the_base_dir_is_this_clone_unless_it_holds_it(monkeypatch, tmp_path):
     assert os.environ["CCACHE_BASEDIR"] == str(compiler.REPO.parent)
 
 
-def _build(clone: Path, cache: Path, include: list[str] = ("-I",),
+def _build(clone: Path, cache: Path, include: tuple[str, ...] | list[str] = ("-I",),
            work: Path = Path("build/stages/01_x/temp"), **settings: str) -> dict[str, int]:
     """Compile probe.cpp in a stage folder of the clone from its build folder (`work`, relative
     to the clone), as ninja does for a stage, through ccache set up as compiler_cache() sets it

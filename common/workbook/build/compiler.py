@@ -268,8 +268,9 @@ def compiler_cache() -> str:
         disabled = os.environ.get("CCACHE_DISABLE")
         if disabled is not None and disabled.lower() not in ("0", "false", "disable", "no"):
             return "ccache, disabled (CCACHE_DISABLE is set): every file is compiled"
-        # A base dir set for a folder holding this clone is kept; one set for another clone
-        # (inherited from a process in that clone: make test-template's copies) is not.
+        # A base dir set for a folder holding this clone is kept (a working copy under build/,
+        # as make test-template makes, shares its clone's); one set for another clone, inherited
+        # from a process there, is not.
         base = os.environ.get("CCACHE_BASEDIR")
         if not base or not REPO.is_relative_to(base):
             os.environ["CCACHE_BASEDIR"] = str(REPO)
