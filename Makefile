@@ -127,10 +127,16 @@ check: $(ENV_READY)
 	@$(PY) -m workbook.testing.check $(if $(BASE),--base $(BASE)) \
 		$(if $(filter 1 yes true,$(DRY)),--dry-run) $(FILES)
 
+# pytest-xdist's workers for the checks made of a few long tests (each mostly one process on one
+# core): as many as make test runs parts side by side (WORKBOOK_TEST_JOBS, else the cores, at
+# most 3).
+SIDE_BY_SIDE := -n $(shell n=$${WORKBOOK_TEST_JOBS:-$$(nproc 2>/dev/null || echo 2)}; \
+	[ "$$n" -gt 3 ] && [ -z "$$WORKBOOK_TEST_JOBS" ] && n=3; echo $$n)
+
 # The template's own acceptance checks: `make new-stage` and a copied stage folder, each built and
 # tested in a copy of the repository (a few minutes). CI runs them after `make test`.
 test-template: $(ENV_READY)
-	@$(PY) -m pytest -q -rs -m template $(REPO)/tests
+	@$(PY) -m pytest -q -rs $(SIDE_BY_SIDE) -m template $(REPO)/tests
 
 # The checks stand alone: racecheck and sanitize, each on one stage, into an empty build folder,
 # as from a clean clone (tests/test_standalone.py). CI runs it first.
@@ -178,7 +184,8 @@ verify: $(ENV_READY)
 # device; with WORKBOOK_CUDA=off they are compiled, not run). 12 to 15 minutes on 2 cores with
 # the compiler cache empty; not part of `make test`.
 test-exercises: $(ENV_READY)
-	@$(PY) -m pytest -q -rs --durations=0 --durations-min=1 -m exercises $(REPO)/tests/test_exercises.py
+	@$(PY) -m pytest -q -rs $(SIDE_BY_SIDE) --durations=0 --durations-min=1 -m exercises \
+		$(REPO)/tests/test_exercises.py
 
 # `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
 diff: $(ENV_READY)

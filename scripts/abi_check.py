@@ -8,10 +8,11 @@ rebuild between them: the proof that the stable ABI makes one binary.
    abi3 wheel (checked by its name), CPU-only (WORKBOOK_NO_CUDA=1: the second torch is a CPU
    build; its CUDA tests skip in both runs, WORKBOOK_CUDA=off, saying why).
 2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
-   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX).
+   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX),
+   while the wheel builds.
 3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 10's
    tests run on that installed package (WORKBOOK_INSTALLED: workbook.build.loader imports it
-   instead of building the stage), once per torch.
+   instead of building the stage), once per torch, the two runs side by side.
 4. Both summaries are printed. The check fails if either run fails, or if their passed counts
    differ by more than the tests that compare with torchvision (which is not installed beside
    the second torch: PyPI's torchvision does not import beside a CPU build of 2.13.0).
@@ -23,6 +24,7 @@ of libtorch or c10, only their C shims.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -133,11 +135,16 @@ def main(argv=None) -> int:
     stage = next(s for s in stages.all_stages() if s.folder.endswith("_stable_abi"))
     import torch
 
-    say(f"building {stage.label}'s wheel once, with torch {torch.__version__}")
-    wheel = build_wheel(stage)
-    say(f"the one wheel: {wheel.relative_to(REPO)}")
-    results = [run_tests(Path(sys.executable), wheel, stage),
-               run_tests(python_with_torch(args.torch), wheel, stage)]
+    # Side by side, as each is mostly one process on one core: the second torch's venv is made
+    # while the wheel builds, and each torch's run starts as soon as it has the wheel and its venv.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        second_python = pool.submit(python_with_torch, args.torch)
+        say(f"building {stage.label}'s wheel once, with torch {torch.__version__}")
+        wheel = build_wheel(stage)
+        say(f"the one wheel: {wheel.relative_to(REPO)}")
+        runs = [pool.submit(run_tests, Path(sys.executable), wheel, stage),
+                pool.submit(lambda: run_tests(second_python.result(), wheel, stage))]
+        results = [r.result() for r in runs]
     say(f"one wheel, {wheel.name}, no rebuild between the runs:")
     for r in results:
         say(f"  torch {r['torch']:<14} {r['summary']}  ({r['seconds']:.0f} s)")

@@ -10,9 +10,12 @@ pass on one stage into an empty build folder, as a clean clone would: racecheck 
 CUDA tests import stage 02, which is then built under the checker's process) and sanitize on
 stage 01. The empty folder is build-standalone/, beside build/: the compiler cache takes paths
 relative to the clone, so what these builds compile is what `make test`, `make racecheck` and
-`make sanitize` compile later into build/, found in the cache there. The race check's builds
-compile whatever the cache holds (CCACHE_RECACHE: the compiler itself must run in the checker's
-process, where it once crashed), and store what they compile; the sanitizer pass's may be hits.
+`make sanitize` compile later into build/, found in the cache there. The builds in the race
+checker's own process compile whatever the cache holds (CCACHE_RECACHE: the compiler itself must
+run there, where it once crashed), and store what they compile: the emulated device and stage
+04's kernels under ThreadSanitizer, and stage 02. Stage 04's own build, which the pass starts
+from its driver, without the runtime, is built first into the same empty folder, from the cache
+(its nvcc compile is the slowest of the four); the sanitizer pass's builds may be hits.
 """
 
 import os
@@ -61,12 +64,15 @@ def test_the_emulated_device_compiles_without_a_preloaded_runtime(monkeypatch, t
 EMPTY = stages.REPO / "build-standalone"
 
 
-def _pass(module: str, stage: int, extra: list[str], **env: str) -> subprocess.CompletedProcess:
+def _empty() -> None:
     shutil.rmtree(EMPTY, ignore_errors=True)
     EMPTY.mkdir()
+
+
+def _run(module: str, args: list[str], **env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, WORKBOOK_BUILD_DIR=str(EMPTY), TORCH_EXTENSIONS_DIR=f"{EMPTY}/jit",
                WORKBOOK_EMULATE_QUIET="1", **env)
-    return subprocess.run([sys.executable, "-m", module, str(stage), "--", *extra],
+    return subprocess.run([sys.executable, "-m", module, *args],
                           env=env, capture_output=True, text=True, cwd=stages.REPO)
 
 
@@ -74,9 +80,13 @@ def _pass(module: str, stage: int, extra: list[str], **env: str) -> subprocess.C
 @pytest.mark.skipif(toolkit.find() is None, reason="stage 04 is CUDA-only: no CUDA toolkit here")
 @pytest.mark.skipif(not emulate.active(), reason="the race check runs on the emulated device")
 def test_racecheck_runs_first_and_alone():
+    _empty()
+    built = _run("workbook.build", ["4"])
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-2000:]
+    assert not (EMPTY / "stages" / stages.get(2).folder).exists()
     # The one test of stage 04 that imports stage 02: built now, under the checker's process.
-    run = _pass("workbook.net.racecheck", 4, ["-k", "test_matches_the_cpu_extension_of_stage_02"],
-                CCACHE_RECACHE="1")
+    run = _run("workbook.net.racecheck",
+               ["4", "--", "-k", "test_matches_the_cpu_extension_of_stage_02"], CCACHE_RECACHE="1")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "1 passed" in run.stdout
     assert (EMPTY / "stages" / stages.get(2).folder / "lib").is_dir()
@@ -84,7 +94,8 @@ def test_racecheck_runs_first_and_alone():
 
 @pytest.mark.standalone
 def test_sanitize_runs_first_and_alone():
-    run = _pass("workbook.net.sanitize", 1, ["-x"])
+    _empty()
+    run = _run("workbook.net.sanitize", ["1", "--", "-x"])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "clean under ASan+UBSan" in run.stdout
     assert (EMPTY / "sanitize" / "stages" / stages.get(1).folder).is_dir()

@@ -23,7 +23,9 @@ def _flavour(nodeid: str, keywords) -> str:
 
 
 def pytest_runtest_logreport(report):
-    if not runlog.enabled():
+    # Under pytest-xdist a report reaches this hook twice: in the worker that ran the test, and
+    # in the controller it is sent to (with its `node`). The worker logs it.
+    if not runlog.enabled() or getattr(report, "node", None) is not None:
         return
     _seconds[report.nodeid] += report.duration
     if report.when == "teardown":
