@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import venv
 from pathlib import Path
@@ -45,8 +46,12 @@ SECOND_TORCH = "2.13.0"
 TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "numpy", "onnx", "onnxscript", "onnxruntime")
 
 
+_printing = threading.Lock()  # the two torch runs print from threads of their own
+
+
 def say(text: str) -> None:
-    print(f"[abi-check] {text}", flush=True)
+    with _printing:
+        print(f"[abi-check] {text}", flush=True)
 
 
 def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
@@ -111,7 +116,8 @@ def run_tests(python: Path, wheel: Path, stage: stages.Stage) -> dict:
     proc = subprocess.run([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                            stage.source_dir], cwd=REPO, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
-    print(output[-4000:], flush=True)
+    with _printing:
+        print(output[-4000:], flush=True)
     last = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
     summary = last[-1].strip("= ") if last else f"no summary (exit {proc.returncode})"
     passed = re.search(r"(\d+) passed", summary)
