@@ -27,13 +27,14 @@ glibc's vector math, libmvec: workbook/cpu.h).
 
 Sources: every .cpp under csrc/ (the schemas and the glue), stage 06's csrc/extops.cpp (the
 module, which hands the checks' messages to Python), and the kernels, included: stage 05's
-lltm_cpu.h and stage 06's deform_conv2d_cpu.h. Where a CUDA toolkit is found, every .cu under
-csrc/ too (the CUDA glue), which includes stage 07's deform_conv2d_cuda.cuh; built so, the library
+lltm_cpu.h, stage 06's deform_conv2d_cpu.h and stage 09's ms_deform_attn_cpu.h. Where a CUDA
+toolkit is found, every .cu under csrc/ too (the CUDA glue), which includes stage 07's
+deform_conv2d_cuda.cuh and stage 09's ms_deform_attn_cuda.cuh; built so, the library
 links libtorch_cuda's C shims and the CUDA runtime, and loads only beside a CUDA build of torch.
 WORKBOOK_NO_CUDA=1 builds it CPU-only (`make abi-check` does: the torch it checks against is a CPU
 build). Python: extops/ here (its __init__ and
-python_keys.py) and stage 06's modules, copied into the build by build_py: the fake kernels,
-functional forms, modules and the ONNX export are stage 06's.
+python_keys.py) and stage 06's and 09's modules, copied into the build by build_py: the fake
+kernels, functional forms, modules and the ONNX export are theirs.
 """
 
 import shutil
@@ -50,22 +51,25 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 HERE = Path(__file__).resolve().parent
 STAGE_05, STAGE_06 = HERE.parent / "05_cuda_accessors", HERE.parent / "06_op_library"
-STAGE_07 = HERE.parent / "07_cuda_library"
+STAGE_07, STAGE_09 = HERE.parent / "07_cuda_library", HERE.parent / "09_ms_deform_attn"
 
 TORCH_TARGET = "0x020a000000000000"  # torch 2.10: TORCH_VERSION_2_10_0 in torch/csrc/stable
 # The wheel's tag: the CPython of the Py_LIMITED_API torch's BuildExtension defines (3.10).
 PYTHON_TAG = "cp310"
-SHARED_MODULES = ["errors.py", "lltm.py", "deform_conv2d.py", "onnx.py"]  # stage 06's extops/
+# The ATen stages' extops/ modules this package shares.
+SHARED_MODULES = [STAGE_06 / "extops" / name
+                  for name in ("errors.py", "lltm.py", "deform_conv2d.py", "onnx.py")]
+SHARED_MODULES.append(STAGE_09 / "extops" / "ms_deform_attn.py")
 
 
-class BuildPyWithStage06(build_py):
-    """build_py, then stage 06's Python modules copied into the built package."""
+class BuildPyWithShared(build_py):
+    """build_py, then stage 06's and 09's Python modules copied into the built package."""
 
     def run(self):
         super().run()
         package = Path(self.build_lib) / "extops"
-        for name in SHARED_MODULES:
-            shutil.copy2(STAGE_06 / "extops" / name, package / name)
+        for module in SHARED_MODULES:
+            shutil.copy2(module, package / module.name)
 
 
 sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cpp"))
@@ -73,7 +77,9 @@ sources.append(str(STAGE_06 / "csrc" / "extops.cpp"))
 cuda_sources = sorted(str(p.relative_to(HERE)) for p in HERE.glob("csrc/**/*.cu"))
 include_dirs = compiler.include_dirs() + [str(HERE / "csrc"), str(STAGE_05 / "csrc"),
                                           str(STAGE_06 / "csrc" / "deform_conv2d" / "cpu"),
-                                          str(STAGE_07 / "csrc" / "deform_conv2d" / "cuda")]
+                                          str(STAGE_07 / "csrc" / "deform_conv2d" / "cuda"),
+                                          str(STAGE_09 / "csrc" / "ms_deform_attn" / "cpu"),
+                                          str(STAGE_09 / "csrc" / "ms_deform_attn" / "cuda")]
 # -fopenmp-simd: the kernels' `#pragma omp simd` loops (workbook/cpu.h), vectorised with glibc's
 # vector exp and tanh (libmvec), no OpenMP runtime. gcc vectorises a loop that calls them only
 # when the calls may neither set errno nor trap (-fno-math-errno, -fno-trapping-math); nothing
@@ -111,12 +117,12 @@ options["bdist_wheel"] = {"py_limited_api": PYTHON_TAG}
 setup(
     name="extops",
     version="0.2.0",
-    description=("Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM "
-                 "and the deformable convolution"),
+    description=("Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM, "
+                 "the deformable convolution and multi-scale deformable attention"),
     packages=["extops"],
     python_requires=">=3.10",
     install_requires=["torch>=2.10"],
     ext_modules=[extension],
-    cmdclass={"build_ext": BuildExtension, "build_py": BuildPyWithStage06},
+    cmdclass={"build_ext": BuildExtension, "build_py": BuildPyWithShared},
     options=options,
 )

@@ -255,8 +255,8 @@ def providing(op: str) -> list[Stage]:
 def fullest(candidates: list[Stage] | None = None) -> dict[str, Stage]:
     """Per package, the stage a tool loads when it can load one per process: the one that
     provides the most ops, the newest of those. Stages 06, 07, 09 and 10 all build `extops`: that
-    is 09, the one with a third op (multi-scale deformable attention), until the stable-ABI stage
-    holds it too (callers pass the stages that run on their device)."""
+    is 10, the stable-ABI library, which holds all three ops as 09 does (callers pass the stages
+    that run on their device)."""
     chosen: dict[str, Stage] = {}
     for s in candidates if candidates is not None else all_stages():
         best = chosen.get(s.package)

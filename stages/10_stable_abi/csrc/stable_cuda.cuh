@@ -1,10 +1,11 @@
-// Stage 10: what the CUDA glue of both ops needs from torch's CUDA C shims, on the stable ABI.
+// Stage 10: what the CUDA glue of the ops needs from torch's CUDA C shims, on the stable ABI.
 //
 //   CudaGuard              c10::cuda::CUDAGuard        aoti_torch_create_cuda_guard
 //   current_stream(t)      getCurrentCUDAStream()      aoti_torch_get_current_cuda_stream
 //   mm_out, addmm_out      at::mm_out, at::addmm_out   aoti_torch_cuda_mm_out, _addmm_out
 //                          (cuBLAS)                    (AOTInductor's generated shims: cuBLAS)
 //   dispatch_floating      AT_DISPATCH_FLOATING_TYPES_AND2(kHalf, kBFloat16, ...): a switch
+//                          (stable_dtypes.h, the CPU glue's too)
 //
 // torch's c/shim.h declares the first two only where USE_CUDA is defined (setup.py defines it
 // for a CUDA build); they and the GEMMs are symbols of libtorch_cuda, so a library built with
@@ -16,13 +17,8 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <torch/csrc/stable/tensor.h>
-#include <torch/headeronly/core/ScalarType.h>
-#include <torch/headeronly/util/BFloat16.h>
-#include <torch/headeronly/util/Half.h>
 
-#include <stdexcept>
-#include <string>
-
+#include "stable_dtypes.h"
 #include "workbook/checks.h"
 
 namespace stable_cuda {
@@ -60,23 +56,7 @@ inline void addmm_out(const torch::stable::Tensor& out, const torch::stable::Ten
       aoti_torch_cuda_addmm_out(out.get(), added.get(), a.get(), b.get(), 1.0, 1.0));
 }
 
-// fn(scalar_t{}) for the dtype `type`, as AT_DISPATCH_FLOATING_TYPES_AND2(kHalf, kBFloat16, ...)
-// calls its lambda: the ops' checks have refused every other dtype by then.
-template <typename Fn>
-void dispatch_floating(c10::ScalarType type, const char* op, const Fn& fn) {
-  switch (type) {
-    case c10::ScalarType::Double:
-      return fn(double{});
-    case c10::ScalarType::Float:
-      return fn(float{});
-    case c10::ScalarType::Half:
-      return fn(c10::Half{});
-    case c10::ScalarType::BFloat16:
-      return fn(c10::BFloat16{});
-    default:
-      throw std::runtime_error(std::string(op) + ": no CUDA kernel for dtype " +
-                               workbook::dtype_name(type));
-  }
-}
+// The dtype switch, shared with the CPU glue (stable_dtypes.h).
+using stable_dtypes::dispatch_floating;
 
 }  // namespace stable_cuda

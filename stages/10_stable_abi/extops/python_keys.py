@@ -3,14 +3,15 @@
 A stable-ABI library registers kernels through libtorch's C shims, for a backend's dispatch key
 (CPU, CUDA). Stage 06 registers two more layers of its ops in C++: autograd on the Autograd key
 (csrc/lltm/autograd/, a torch::autograd::Function) and the autocast rule on AutocastCPU and
-AutocastCUDA (csrc/lltm/autocast/, with c10's dispatch-key guard). Both are C++ classes of
+AutocastCUDA (csrc/lltm/autocast/, with c10's dispatch-key guard; stage 09's
+csrc/ms_deform_attn/autocast/ the same for its op). Both are C++ classes of
 libtorch, outside the stable ABI, so this library registers the same two layers from Python:
 
 * autograd with torch.library.register_autograd, the formula stage 05 registers for its own ops:
   the backward op's inputs saved in the forward, `gates` not differentiable, and no double
   backward. It costs more per call than stage 06's C++ layer: bench/ measures it (`make bench
   OP=lltm`), and stage 10's README says by how much;
-* autocast as a Python kernel on the Autocast keys, for both ops' forwards: every floating
+* autocast as a Python kernel on the Autocast keys, for each op's forward: every floating
   input on the region's device cast to the region's dtype (torch.get_autocast_dtype), then the
   op called again below the autocast layer. This is workbook/autocast.h's rule, written with
   torch's Python binding of the same guard. (torch.library.register_autocast casts to one dtype
@@ -74,9 +75,10 @@ def _autocast_kernel(op, device_type: str, key: torch._C.DispatchKey):
 
 
 # The forwards only: the backwards run on saved tensors of one dtype. The rule is the same for
-# both ops (stage 06's csrc/<op>/autocast/ files): an LLTM cell is GEMMs, a deformable
-# convolution a convolution, and autocast runs both in the region's dtype.
-for _op in ("lltm_forward", "deform_conv2d"):
+# every op (stage 06's and 09's csrc/<op>/autocast/ files): an LLTM cell is GEMMs, a deformable
+# convolution a convolution, and autocast runs both in the region's dtype; multi-scale deformable
+# attention takes its value and its locations in one dtype (its index tensors, int64, as they are).
+for _op in ("lltm_forward", "deform_conv2d", "ms_deform_attn"):
     for _device_type, _key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
         _LIBRARY.impl(_op,
                       _autocast_kernel(getattr(torch.ops.extops, _op).default, _device_type,

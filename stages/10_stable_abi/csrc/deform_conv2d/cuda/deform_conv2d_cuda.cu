@@ -50,6 +50,7 @@ using stable_cuda::CudaGuard;
 using stable_cuda::current_stream;
 using stable_cuda::dispatch_floating;
 using stable_cuda::mm_out;
+using stable_dtypes::opmath_type;
 using torch::stable::Tensor;
 using workbook::deform_conv2d::Chunk;
 using workbook::deform_conv2d::ChunkPlan;
@@ -90,10 +91,6 @@ Tensor zeros(std::vector<int64_t> sizes, c10::ScalarType type, const Tensor& lik
   Tensor t = empty(std::move(sizes), type, like);
   torch::stable::zero_(t);
   return t;
-}
-
-c10::ScalarType opmath_type(c10::ScalarType type) {
-  return type == c10::ScalarType::Double ? type : c10::ScalarType::Float;
 }
 
 template <typename scalar_t>
