@@ -26,6 +26,10 @@ The cases, CPU, float32:
                  forward + backward. The ATen build runs the LLTM's autograd in C++ (a
                  torch::autograd::Function), stage 10 from Python (torch.library.register_autograd):
                  at batch 16 the difference is mostly that per-call cost.
+  ms_deform_attn the descriptor's demo geometry, Deformable DETR's encoder on a 128 x 128 image
+                 (levels 32 x 32 to 4 x 4, 1360 queries, 8 heads of 32 channels, 4 points), batch
+                 2: forward, and forward + backward (value, locations and weights), at 1 and 2
+                 threads. Both stages run its autograd from Python (stage 09's module).
 """
 
 from __future__ import annotations
@@ -70,6 +74,14 @@ def cases(smoke: bool) -> list[dict]:
         for phase in ("forward", "forward+backward"):
             out.append({"op": "lltm", "config": f"batch {batch}", "batch": batch, "features": 32,
                         "state": 128, "phase": phase, "threads": 2})
+    msda = ({"batch": 1, "queries": 20, "heads": 2, "channels": 8, "points": 2,
+             "levels": [[4, 4], [2, 2]]} if smoke else
+            {"batch": 2, "queries": 1360, "heads": 8, "channels": 32, "points": 4,
+             "levels": [[32, 32], [16, 16], [8, 8], [4, 4]]})
+    for threads in (1, 2):
+        for phase in ("forward", "forward+backward"):
+            out.append({"op": "ms_deform_attn", "config": "detr levels", **msda, "phase": phase,
+                        "threads": threads})
     return out
 
 
@@ -94,6 +106,14 @@ def make_inputs(case: dict):
         weight = torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5)
         bias = torch.randn(c, generator=g)
         return [x, offset, weight, bias, mask]
+    if case["op"] == "ms_deform_attn":
+        n, q, m, d, p = (case[k] for k in ("batch", "queries", "heads", "channels", "points"))
+        shapes = torch.tensor(case["levels"], dtype=torch.int64)
+        starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+        value = torch.randn(n, int(shapes.prod(1).sum()), m, d, generator=g)
+        locations = torch.rand(n, q, m, len(shapes), p, 2, generator=g)
+        weights = torch.rand(n, q, m, len(shapes), p, generator=g)
+        return [value, shapes, starts, locations, weights / weights.sum((-2, -1), keepdim=True)]
     b, f, s = case["batch"], case["features"], case["state"]
     return [torch.randn(b, f, generator=g), torch.randn(3 * s, f + s, generator=g) * 0.1,
             torch.randn(3 * s, generator=g) * 0.1, torch.randn(b, s, generator=g),
@@ -105,12 +125,15 @@ def make_call(extops, case: dict):
     tensors = make_inputs(case)
     backward = case["phase"] == "forward+backward"
     for t in tensors:
-        t.requires_grad_(backward)
+        t.requires_grad_(backward and t.is_floating_point())  # not the level table
     if case["op"] == "deform_conv2d":
         x, offset, weight, bias, mask = tensors
 
         def forward():
             return extops.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask)
+    elif case["op"] == "ms_deform_attn":
+        def forward():
+            return extops.ms_deform_attn(*tensors)
     else:
         def forward():
             new_h, new_cell = extops.lltm(*tensors)
@@ -255,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         workers = [Worker(s) for s in STAGES]
         try:
             for case in all_cases:
-                big = case["op"] == "deform_conv2d" or case["batch"] > 1000
+                big = case["op"] != "lltm" or case["batch"] > 1000
                 calls, warmup = (10, 2) if big else (50, 10)
                 if args.smoke:
                     calls, warmup = 2, 1
