@@ -73,56 +73,66 @@ inline std::vector<Level> level_table(const Geometry& g, const int64_t* shapes,
 // ----------------------------------------------------------------------------------------------
 // Forward
 
+// The rows [begin, end) of the forward: a task. Compiled once per instruction set on the
+// stable ABI (WORKBOOK_CPU_CLONES, workbook/cpu.h), with the loops it inlines.
+template <int kD, typename T>
+WORKBOOK_CPU_CLONES void forward_rows(const Geometry& g, const std::vector<Level>& levels,
+                                      const T* value, const T* locations, const T* weights, T* out,
+                                      int64_t begin, int64_t end) {
+  using acc_t = workbook::cpu::opmath_t<T>;
+  const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points;
+  acc_t fixed[kD > 0 ? kD : 1];
+  std::vector<acc_t> dynamic(kD > 0 ? 0 : D);
+  acc_t* acc = kD > 0 ? fixed : dynamic.data();
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / g.queries;
+    for (int64_t m = 0; m < M; ++m) {
+      std::fill(acc, acc + D, acc_t(0));
+      const int64_t head = r * M + m;  // (n, q, m)
+      const T* loc = locations + head * L * P * 2;
+      const T* weight = weights + head * L * P;
+      for (int64_t l = 0; l < L; ++l) {
+        const Level& lv = levels[l];
+        const T* plane = value + ((n * g.values + lv.start) * M + m) * D;  // row stride M D
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t k = l * P + p;
+          const auto s = workbook::ms_deform_attn::locate<acc_t>(static_cast<acc_t>(loc[2 * k]),
+                                                                 static_cast<acc_t>(loc[2 * k + 1]),
+                                                                 lv.height, lv.width);
+          if (!s.in_range) continue;
+          // EXERCISE msda-corner-blend: acc += a w_c value row, for each valid corner c of s
+          // checked by: test_ms_deform_attn.py::test_against_reference, ::test_gradcheck,
+          //   ::test_points_outside_or_nan_sample_nothing
+          const acc_t a = static_cast<acc_t>(weight[k]);
+          for (int c = 0; c < 4; ++c) {
+            if (!s.valid(c)) continue;
+            const acc_t w = a * s.weight(c);
+            const T* v = plane + s.index(c) * M * D;  // the corner's row: M D apart per pixel
+            WORKBOOK_SIMD_LOOP
+            for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<acc_t>(v[d]);
+          }
+          // END EXERCISE msda-corner-blend
+        }
+      }
+      T* o = out + head * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d]);
+    }
+  }
+}
+
 // kD: the channels per head when known at compile time (0: g.channels, at run time). With kD
 // known the compiler unrolls every loop over the channels and keeps the accumulator in registers
 // (dispatched for Deformable DETR's 32: `forward` and `backward` below).
 template <int kD, typename T>
 void forward_channels(const Geometry& g, const std::vector<Level>& levels, const T* value,
                       const T* locations, const T* weights, T* out) {
-  using acc_t = workbook::cpu::opmath_t<T>;
   const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points;
   const int64_t rows = g.batch * g.queries;
   // Enough samples per task that a task's overhead (a few microseconds) is noise.
   const int64_t per_row = std::max<int64_t>(1, M * L * P * std::max<int64_t>(D, 1));
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / per_row);
   workbook::cpu::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    acc_t fixed[kD > 0 ? kD : 1];
-    std::vector<acc_t> dynamic(kD > 0 ? 0 : D);
-    acc_t* acc = kD > 0 ? fixed : dynamic.data();
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / g.queries;
-      for (int64_t m = 0; m < M; ++m) {
-        std::fill(acc, acc + D, acc_t(0));
-        const int64_t head = r * M + m;  // (n, q, m)
-        const T* loc = locations + head * L * P * 2;
-        const T* weight = weights + head * L * P;
-        for (int64_t l = 0; l < L; ++l) {
-          const Level& lv = levels[l];
-          const T* plane = value + ((n * g.values + lv.start) * M + m) * D;  // row stride M D
-          for (int64_t p = 0; p < P; ++p) {
-            const int64_t k = l * P + p;
-            const auto s = workbook::ms_deform_attn::locate<acc_t>(
-                static_cast<acc_t>(loc[2 * k]), static_cast<acc_t>(loc[2 * k + 1]), lv.height,
-                lv.width);
-            if (!s.in_range) continue;
-            // EXERCISE msda-corner-blend: acc += a w_c value row, for each valid corner c of s
-            // checked by: test_ms_deform_attn.py::test_against_reference, ::test_gradcheck,
-            //   ::test_points_outside_or_nan_sample_nothing
-            const acc_t a = static_cast<acc_t>(weight[k]);
-            for (int c = 0; c < 4; ++c) {
-              if (!s.valid(c)) continue;
-              const acc_t w = a * s.weight(c);
-              const T* v = plane + s.index(c) * M * D;  // the corner's row: M D apart per pixel
-              WORKBOOK_SIMD_LOOP
-              for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<acc_t>(v[d]);
-            }
-            // END EXERCISE msda-corner-blend
-          }
-        }
-        T* o = out + head * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d]);
-      }
-    }
+    forward_rows<kD>(g, levels, value, locations, weights, out, begin, end);
   });
 }
 
@@ -135,91 +145,102 @@ struct Wanted {
   bool value, locations, weights;
 };
 
+// The tasks [begin, end) of the backward, one per (image, head). Compiled once per instruction
+// set on the stable ABI (WORKBOOK_CPU_CLONES), as forward_rows.
 template <int kD, typename T>
-void backward_channels(const Geometry& g, const std::vector<Level>& levels, const T* grad_output,
-                       const T* value, const T* locations, const T* weights, T* grad_value,
-                       T* grad_locations, T* grad_weights, Wanted want) {
+WORKBOOK_CPU_CLONES void backward_tasks(const Geometry& g, const std::vector<Level>& levels,
+                                        const T* grad_output, const T* value, const T* locations,
+                                        const T* weights, T* grad_value, T* grad_locations,
+                                        T* grad_weights, Wanted want, int64_t begin, int64_t end) {
   using acc_t = workbook::cpu::opmath_t<T>;
   const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points, S = g.values;
   // Half and bfloat16 sum value's gradient in float, in a buffer of the task's rows.
   constexpr bool kWiden = !std::is_same_v<acc_t, T>;
   const bool dots = want.locations || want.weights;
-  workbook::cpu::parallel_for(0, g.batch * M, 1, [&](int64_t begin, int64_t end) {
-    acc_t fixed[kD > 0 ? kD : 1];
-    std::vector<acc_t> dynamic(kD > 0 ? 0 : D), widened(kWiden && want.value ? S * D : 0);
-    acc_t* grad = kD > 0 ? fixed : dynamic.data();
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t n = task / M, m = task % M;
-      // The task's value rows (n, :, m): row s at s * row_stride.
-      const int64_t row_stride = kWiden ? D : M * D;
-      acc_t* gv_wide = widened.data();
-      T* gv_own = kWiden ? nullptr : grad_value + (n * S * M + m) * D;
-      if (kWiden) std::fill(widened.begin(), widened.end(), acc_t(0));
-      for (int64_t q = 0; q < g.queries; ++q) {
-        const int64_t head = (n * g.queries + q) * M + m;
-        const T* go = grad_output + head * D;
-        for (int64_t d = 0; d < D; ++d) grad[d] = static_cast<acc_t>(go[d]);
-        const T* loc = locations + head * L * P * 2;
-        const T* weight = weights + head * L * P;
-        for (int64_t l = 0; l < L; ++l) {
-          const Level& lv = levels[l];
-          const T* plane = value + ((n * S + lv.start) * M + m) * D;
-          for (int64_t p = 0; p < P; ++p) {
-            const int64_t k = l * P + p;
-            const auto s = workbook::ms_deform_attn::locate<acc_t>(
-                static_cast<acc_t>(loc[2 * k]), static_cast<acc_t>(loc[2 * k + 1]), lv.height,
-                lv.width);
-            acc_t sample = 0, d_dx = 0, d_dy = 0;  // grad_output . (value, d/dx, d/dy) at s
-            if (s.in_range) {
-              const acc_t a = static_cast<acc_t>(weight[k]);
-              for (int c = 0; c < 4; ++c) {
-                if (!s.valid(c)) continue;
-                const int64_t row = lv.start + s.index(c);
-                if (dots) {
-                  const acc_t corner = dot(grad, plane + s.index(c) * M * D, D);
-                  sample += s.weight(c) * corner;
-                  d_dx += s.d_weight_dx(c) * corner;
-                  d_dy += s.d_weight_dy(c) * corner;
-                }
-                if (want.value) {
-                  const acc_t w = a * s.weight(c);
-                  if constexpr (kWiden) {
-                    acc_t* gv = gv_wide + row * row_stride;
-                    WORKBOOK_SIMD_LOOP
-                    for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
-                  } else {
-                    T* gv = gv_own + row * row_stride;
-                    WORKBOOK_SIMD_LOOP
-                    for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
-                  }
+  acc_t fixed[kD > 0 ? kD : 1];
+  std::vector<acc_t> dynamic(kD > 0 ? 0 : D), widened(kWiden && want.value ? S * D : 0);
+  acc_t* grad = kD > 0 ? fixed : dynamic.data();
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t n = task / M, m = task % M;
+    // The task's value rows (n, :, m): row s at s * row_stride.
+    const int64_t row_stride = kWiden ? D : M * D;
+    acc_t* gv_wide = widened.data();
+    T* gv_own = kWiden ? nullptr : grad_value + (n * S * M + m) * D;
+    if (kWiden) std::fill(widened.begin(), widened.end(), acc_t(0));
+    for (int64_t q = 0; q < g.queries; ++q) {
+      const int64_t head = (n * g.queries + q) * M + m;
+      const T* go = grad_output + head * D;
+      for (int64_t d = 0; d < D; ++d) grad[d] = static_cast<acc_t>(go[d]);
+      const T* loc = locations + head * L * P * 2;
+      const T* weight = weights + head * L * P;
+      for (int64_t l = 0; l < L; ++l) {
+        const Level& lv = levels[l];
+        const T* plane = value + ((n * S + lv.start) * M + m) * D;
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t k = l * P + p;
+          const auto s = workbook::ms_deform_attn::locate<acc_t>(static_cast<acc_t>(loc[2 * k]),
+                                                                 static_cast<acc_t>(loc[2 * k + 1]),
+                                                                 lv.height, lv.width);
+          acc_t sample = 0, d_dx = 0, d_dy = 0;  // grad_output . (value, d/dx, d/dy) at s
+          if (s.in_range) {
+            const acc_t a = static_cast<acc_t>(weight[k]);
+            for (int c = 0; c < 4; ++c) {
+              if (!s.valid(c)) continue;
+              const int64_t row = lv.start + s.index(c);
+              if (dots) {
+                const acc_t corner = dot(grad, plane + s.index(c) * M * D, D);
+                sample += s.weight(c) * corner;
+                d_dx += s.d_weight_dx(c) * corner;
+                d_dy += s.d_weight_dy(c) * corner;
+              }
+              if (want.value) {
+                const acc_t w = a * s.weight(c);
+                if constexpr (kWiden) {
+                  acc_t* gv = gv_wide + row * row_stride;
+                  WORKBOOK_SIMD_LOOP
+                  for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
+                } else {
+                  T* gv = gv_own + row * row_stride;
+                  WORKBOOK_SIMD_LOOP
+                  for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
                 }
               }
-              if (want.locations) {
-                // x = lx W - 0.5, y = ly H - 0.5: d/dlx = W d/dx, d/dly = H d/dy.
-                grad_locations[2 * (head * L * P + k)] =
-                    static_cast<T>(a * static_cast<acc_t>(lv.width) * d_dx);
-                grad_locations[2 * (head * L * P + k) + 1] =
-                    static_cast<T>(a * static_cast<acc_t>(lv.height) * d_dy);
-              }
-            } else if (want.locations) {
-              grad_locations[2 * (head * L * P + k)] = T(0);
-              grad_locations[2 * (head * L * P + k) + 1] = T(0);
             }
-            if (want.weights) grad_weights[head * L * P + k] = static_cast<T>(sample);
+            if (want.locations) {
+              // x = lx W - 0.5, y = ly H - 0.5: d/dlx = W d/dx, d/dly = H d/dy.
+              grad_locations[2 * (head * L * P + k)] =
+                  static_cast<T>(a * static_cast<acc_t>(lv.width) * d_dx);
+              grad_locations[2 * (head * L * P + k) + 1] =
+                  static_cast<T>(a * static_cast<acc_t>(lv.height) * d_dy);
+            }
+          } else if (want.locations) {
+            grad_locations[2 * (head * L * P + k)] = T(0);
+            grad_locations[2 * (head * L * P + k) + 1] = T(0);
           }
+          if (want.weights) grad_weights[head * L * P + k] = static_cast<T>(sample);
         }
       }
-      if constexpr (kWiden) {
-        if (want.value) {
-          T* dst = grad_value + (n * S * M + m) * D;
-          for (int64_t s = 0; s < S; ++s) {
-            for (int64_t d = 0; d < D; ++d) {
-              dst[s * M * D + d] = static_cast<T>(widened[s * D + d]);
-            }
+    }
+    if constexpr (kWiden) {
+      if (want.value) {
+        T* dst = grad_value + (n * S * M + m) * D;
+        for (int64_t s = 0; s < S; ++s) {
+          for (int64_t d = 0; d < D; ++d) {
+            dst[s * M * D + d] = static_cast<T>(widened[s * D + d]);
           }
         }
       }
     }
+  }
+}
+
+template <int kD, typename T>
+void backward_channels(const Geometry& g, const std::vector<Level>& levels, const T* grad_output,
+                       const T* value, const T* locations, const T* weights, T* grad_value,
+                       T* grad_locations, T* grad_weights, Wanted want) {
+  workbook::cpu::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
+    backward_tasks<kD>(g, levels, grad_output, value, locations, weights, grad_value,
+                       grad_locations, grad_weights, want, begin, end);
   });
 }
 
