@@ -91,7 +91,7 @@ def test_level_table_refused_by_the_kernel(bad):
 
 
 @pytest.mark.parametrize("bad", [b for b in SPEC.bad_inputs("cpu") if b.name in (
-    "int32_spatial_shapes", "locations_heads", "weights_points")], ids=str)
+    "int16_spatial_shapes", "locations_heads", "weights_points")], ids=str)
 def test_bad_input_compiled(bad):
     testing.assert_bad_input_compiled(package().ms_deform_attn, bad, "cpu")
 
@@ -186,6 +186,15 @@ def test_im2col_step_is_accepted_and_never_constrains_the_batch(batch):
         ms_deform_attn(*sample.args, 2.5)
 
 
+def test_int32_level_tables_give_the_int64_answer():
+    """mmcv builds some level tables as int32: the functional form takes them, bitwise alike."""
+    sample = SPEC.make(SPEC.case("b3_q4_m3_d5_l4_p2"), dtype=torch.float64)
+    narrow = sample.replaced("spatial_shapes", sample.args[1].int())
+    narrow = narrow.replaced("level_start_index", sample.args[2].int())
+    for a, b in zip(forward_backward(sample), forward_backward(narrow)):
+        assert torch.equal(a, b)
+
+
 def test_deterministic_mode_gives_the_same_gradients():
     sample = SPEC.make(msda_op.DETR_SMALL)
     plain = forward_backward(sample)
@@ -273,6 +282,25 @@ def test_module_parameters_are_deformable_detrs():
         "attention_weights.weight": (128, 256), "attention_weights.bias": (128,),
         "value_proj.weight": (256, 256), "value_proj.bias": (256,),
         "output_proj.weight": (256, 256), "output_proj.bias": (256,)}
+
+
+def test_module_takes_deformable_detrs_calls():
+    """Deformable DETR's transformer calls _reset_parameters() on every layer, and its code reads
+    and sets im2col_step (which changes nothing here)."""
+    attn = package().MSDeformAttn(d_model=32, n_levels=2, n_heads=4, n_points=2)
+    start = {k: v.clone() for k, v in attn.state_dict().items()}
+    assert attn.im2col_step == 64
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(1.0)
+    attn._reset_parameters()
+    now = attn.state_dict()
+    for name in ("sampling_offsets.weight", "sampling_offsets.bias", "attention_weights.weight",
+                 "attention_weights.bias", "value_proj.bias", "output_proj.bias"):
+        assert torch.equal(now[name], start[name]), name  # the paper's start, no randomness
+    bound = (6 / (32 + 32)) ** 0.5  # xavier_uniform's, for the 32 x 32 projections
+    for name in ("value_proj.weight", "output_proj.weight"):
+        assert now[name].abs().max() <= bound and not torch.equal(now[name], start[name]), name
 
 
 def test_module_arguments_are_checked():

@@ -499,11 +499,14 @@ def assert_runs_on_inputs_device(fn: Callable, spec: OpSpec, case: Case) -> None
 def assert_bad_input_compiled(fn: Callable, bad: BadInput, device: str) -> None:
     """The bad input refused under torch.compile(fullgraph=True) too, while tracing (the fake
     kernel's checks run on fake tensors). Dynamo wraps what the fake kernel raises in a
-    TorchRuntimeError that quotes its message, so the message is what is checked."""
+    TorchRuntimeError that quotes its message, and a check of the Python functional form (one
+    that raises before the op) in an Unsupported error ("Observed exception") that quotes it, so
+    the message is what is checked."""
     torch._dynamo.reset()
     sample = bad.make(device)
     compiled = torch.compile(fn, fullgraph=True)
-    with pytest.raises((bad.error, torch._dynamo.exc.TorchRuntimeError), match=bad.match):
+    traced = (torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.Unsupported)
+    with pytest.raises((bad.error, *traced), match=bad.match):
         sample.call(compiled)
 
 

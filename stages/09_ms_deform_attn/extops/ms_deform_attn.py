@@ -17,7 +17,8 @@ needs besides is here, as for the library's other ops:
 
 Callers of Deformable DETR's MSDeformAttnFunction.apply(value, shapes, start, locations, weights,
 im2col_step) and of mmcv's multi_scale_deformable_attn get the same call here: im2col_step is
-accepted and changes nothing (the kernels take any batch).
+accepted and changes nothing (the kernels take any batch), and the level tables may be int32, as
+mmcv builds some (the op takes int64: the functional form converts them).
 """
 
 from __future__ import annotations
@@ -179,13 +180,18 @@ def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
     row in S; sampling_locations [N, Lq, M, L, P, 2], (x, y) in [0, 1] of the level (points
     outside sample zeros); attention_weights [N, Lq, M, L, P]. Returns [N, Lq, M D]. float64,
     float32, float16 or bfloat16 (half and bfloat16 compute in float); differentiable (reverse
-    mode) in value, sampling_locations and attention_weights. im2col_step is accepted for
-    Deformable DETR's and mmcv's call and changes nothing.
+    mode) in value, sampling_locations and attention_weights. The level tables may also be int32
+    (converted to the op's int64). im2col_step is accepted for Deformable DETR's and mmcv's call
+    and changes nothing.
 
     Bad input raises extops.ExtopsValueError or ExtopsTypeError naming the argument, also a
     level table that does not match value (extops/errors.py).
     """
     if torch.jit.is_scripting():
+        if spatial_shapes.dtype == torch.int32:
+            spatial_shapes = spatial_shapes.long()
+        if level_start_index.dtype == torch.int32:
+            level_start_index = level_start_index.long()
         return torch.ops.extops.ms_deform_attn(value, spatial_shapes, level_start_index,
                                                sampling_locations, attention_weights)
     return errors.call(_ms_deform_attn_eager, value, spatial_shapes, level_start_index,
@@ -207,7 +213,20 @@ def _ms_deform_attn_eager(value, spatial_shapes, level_start_index, sampling_loc
                         f"{type(im2col_step).__name__}")
     check_dense("ms_deform_attn", tuple(zip(_NAMES, tensors)))
     check_reverse_mode_only("ms_deform_attn", (value, sampling_locations, attention_weights))
-    return torch.ops.extops.ms_deform_attn(*tensors)
+    return torch.ops.extops.ms_deform_attn(value, _int64_table("spatial_shapes", spatial_shapes),
+                                           _int64_table("level_start_index", level_start_index),
+                                           sampling_locations, attention_weights)
+
+
+def _int64_table(name, t):
+    """A level table as the op takes it: int64 as it is, int32 converted (a few numbers per
+    level), any other dtype refused here, where int32 is still a valid answer to name."""
+    if t.dtype == torch.int32:
+        return t.long()
+    if t.dtype != torch.int64:  # a plain `if`: traced, the dtype is known and the branch folds
+        raise TypeError(f"ms_deform_attn: `{name}` must be a torch.int64 or torch.int32 tensor, "
+                        f"got {t.dtype}")
+    return t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,6 +263,9 @@ class MSDeformAttn(nn.Module):
                                           f"multiple of `n_heads` ({n_heads})")
         self.d_model, self.n_levels, self.n_heads, self.n_points = (d_model, n_levels, n_heads,
                                                                     n_points)
+        # Deformable DETR's layer carries im2col_step (the batch its CUDA kernel takes at once)
+        # and code that builds or tunes the layer sets it; here it is kept and changes nothing.
+        self.im2col_step = 64
         samples = n_heads * n_levels * n_points
         self.sampling_offsets = nn.Linear(d_model, samples * 2)
         self.attention_weights = nn.Linear(d_model, samples)
@@ -269,6 +291,10 @@ class MSDeformAttn(nn.Module):
         nn.init.xavier_uniform_(self.output_proj.weight)
         nn.init.constant_(self.output_proj.bias, 0.0)
 
+    def _reset_parameters(self) -> None:
+        """reset_parameters under Deformable DETR's name: its transformer calls it on each layer."""
+        self.reset_parameters()
+
     def forward(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
                 input_spatial_shapes: Tensor, input_level_start_index: Tensor,
                 input_padding_mask: Tensor | None = None) -> Tensor:
@@ -278,7 +304,7 @@ class MSDeformAttn(nn.Module):
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
-        value = value.view(n, values, heads, self.d_model // heads)
+        value = value.view(n, values, heads, -1)  # value_proj's width need not be d_model
         offsets = self.sampling_offsets(query).view(n, queries, heads, levels, points, 2)
         weights = self.attention_weights(query).view(n, queries, heads, levels * points)
         weights = weights.softmax(-1).view(n, queries, heads, levels, points)

@@ -108,11 +108,14 @@ def bad_inputs(device: str) -> list[BadInput]:
                                  r"dtype of `value`\)"),
         BadInput("half_weights", good(attention_weights=t(2, 3, 2, 2, 2, dtype=torch.float16)),
                  TypeError, op + r"`attention_weights` must have dtype torch.float32"),
-        BadInput("int32_spatial_shapes", good(spatial_shapes=t(2, 2, dtype=torch.int32)),
-                 TypeError, op + r"`spatial_shapes` must be a torch.int64 tensor, got "
-                                 r"torch.int32"),
+        # The op takes int64 level tables; its functional form converts int32 ones (mmcv's) and
+        # says so when it refuses another dtype.
+        BadInput("int16_spatial_shapes", good(spatial_shapes=t(2, 2, dtype=torch.int16)),
+                 TypeError, op + r"`spatial_shapes` must be a torch.int64 (or torch.int32 )?"
+                                 r"tensor, got torch.int16"),
         BadInput("float_level_start_index", good(level_start_index=t(2)), TypeError,
-                 op + r"`level_start_index` must be a torch.int64 tensor, got torch.float32"),
+                 op + r"`level_start_index` must be a torch.int64 (or torch.int32 )?tensor, got "
+                      r"torch.float32"),
         BadInput("weights_on_another_device",
                  good(attention_weights=t(2, 3, 2, 2, 2, elsewhere=True)), RuntimeError,
                  op + r"`attention_weights` must be on the same device as `value`"),
