@@ -41,9 +41,11 @@ from workbook.build.loader import INSTALLED
 REPO = stages.REPO
 SECOND_TORCH = "2.13.0"
 # The tests' own requirements, pinned as requirements.txt pins them: pytest (with pytest-timeout,
-# for pyproject.toml's time limit) and numpy, and the ONNX packages the deployment tests export
-# to and run in (stage 06's test_deploy.py).
-TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "numpy", "onnx", "onnxscript", "onnxruntime")
+# for pyproject.toml's time limit) and numpy, the ONNX packages the deployment tests export
+# to and run in (stage 06's test_deploy.py), and HF transformers with its `kernels`, whose models
+# stage 10's test_integrations.py runs on extops.
+TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "numpy", "onnx", "onnxscript", "onnxruntime",
+                     "transformers", "kernels")
 
 
 _printing = threading.Lock()  # the two torch runs print from threads of their own
@@ -91,7 +93,7 @@ def python_with_torch(version: str) -> Path:
     reused while it imports that torch."""
     folder = stages.build_root() / "abi-check" / f"torch-{version}"
     python = folder / "bin" / "python"
-    probe = [python, "-c", "import torch, pytest, onnxscript, onnxruntime"]
+    probe = [python, "-c", "import torch, pytest, onnxscript, onnxruntime, transformers"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
     say(f"creating {folder} with torch=={version} (a minute or two)")

@@ -119,7 +119,7 @@ setup(
     version="0.2.0",
     description=("Custom PyTorch ops on the stable ABI, one binary for torch >= 2.10: the LLTM, "
                  "the deformable convolution and multi-scale deformable attention"),
-    packages=["extops"],
+    packages=["extops", "extops.integrations"],
     python_requires=">=3.10",
     install_requires=["torch>=2.10"],
     ext_modules=[extension],

@@ -22,7 +22,8 @@ deformable attention is Python in their stages already).
 
 Every kernel of the three ops is here, CPU and CUDA (where the build found nvcc): stages 05, 06,
 07 and 09's kernel headers, compiled with this stage's glue. It is the production library
-`make install` installs.
+`make install` installs. extops.integrations puts multi-scale deformable attention where DETR
+models call it: HF transformers (use_extops(model)), Deformable DETR's and mmcv's names.
 """
 
 import torch  # noqa: F401  (loads libtorch, whose C shims the extension library calls)
