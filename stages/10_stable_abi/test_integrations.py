@@ -90,7 +90,7 @@ def test_function_apply_positional_and_keyword(project):
                      expected)
     # int32 level tables, as some of mmcv's are
     assert_all_equal(outputs_and_grads(
-        lambda v, l, w: apply(v, shapes.int(), starts.int(), l, w, 64), (value, locations,
+        lambda v, loc, w: apply(v, shapes.int(), starts.int(), loc, w, 64), (value, locations,
                                                                           weights)), expected)
 
 
@@ -103,7 +103,7 @@ def test_pytorch_versions_call_without_a_start_index(project, name):
     expected = outputs_and_grads(import_stage(STAGE).ms_deform_attn,
                                  (value, shapes, starts, locations, weights))
     for table in (shapes, shapes.int()):
-        assert_all_equal(outputs_and_grads(lambda v, l, w: fn(v, table, l, w),
+        assert_all_equal(outputs_and_grads(lambda v, loc, w: fn(v, table, loc, w),
                                            (value, locations, weights)), expected)
 
 
@@ -151,8 +151,9 @@ def mmcv_inputs(batch_first):
     mask[1, 20:] = True
     if not batch_first:
         query, value, query_pos = (t.transpose(0, 1) for t in (query, value, query_pos))
-    return dict(query=query, value=value, query_pos=query_pos, key_padding_mask=mask,
-                reference_points=reference_points, spatial_shapes=shapes, level_start_index=starts)
+    return {"query": query, "value": value, "query_pos": query_pos, "key_padding_mask": mask,
+            "reference_points": reference_points, "spatial_shapes": shapes,
+            "level_start_index": starts}
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.5])
@@ -234,7 +235,7 @@ def detr_inputs(dtype):
     pixels = torch.randn(2, 3, 64, 48, generator=gen).to(dtype)
     mask = torch.ones(2, 64, 48, dtype=torch.long)
     mask[1, :, 40:] = 0  # the second image padded on the right
-    return dict(pixel_values=pixels, pixel_mask=mask)
+    return {"pixel_values": pixels, "pixel_mask": mask}
 
 
 def on_extops(model, route):
