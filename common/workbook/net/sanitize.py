@@ -74,11 +74,13 @@ cost is their size or a compiler:
   - the emulated LLTM cases of 65536 and 600000 rows and the deformable convolution's big inputs
     (``test_big_inputs``): millions of emulated threads running the launches the smaller cases
     run;
-  - the deployment paths (``test_deploy``: TorchScript, checkpoints, ONNX, torch.export, an
-    AOTInductor package, DDP), torch.compile (``test_compile_fullgraph``) and the import
-    from a bare interpreter (``imports_from_anywhere``): they call the ops with the inputs the
-    stage's own tests use, through torch's machinery (whose C++ compiles, Inductor's, would
-    run under the preloaded runtimes); make test checks what they say about packaging.
+  - the deployment paths (``test_deploy``, ``test_deploy_ms_deform_attn``: TorchScript,
+    checkpoints, ONNX, torch.export, an AOTInductor package, DDP), torch.compile
+    (``test_compile_fullgraph``), the import from a bare interpreter (``imports_from_anywhere``)
+    and the other projects' models and call forms (stage 10's ``test_integrations``): they call
+    the ops with the inputs the stage's own tests use, through torch's machinery (whose C++
+    compiles, Inductor's, would run under the preloaded runtimes) or another project's; make test
+    checks what they say about packaging and about those projects.
 
 FULL=1 runs every test; adds a just-in-time stage (03:
 stage 02's C++ again, and a `load_inline` extension built and loaded under the sanitizers), a stage
@@ -114,7 +116,7 @@ UBSAN_OPTIONS = {"print_stacktrace": "1", "halt_on_error": "1", "abort_on_error"
 # The tests the default pass leaves out (a pytest -k expression); the docstring says why.
 DEFAULT_DESELECT = ("not test_gradcheck and not b65536 and not b600000 and not test_big_inputs "
                     "and not test_deploy and not test_compile_fullgraph "
-                    "and not imports_from_anywhere")
+                    "and not imports_from_anywhere and not test_integrations")
 # The repository's tests that drive the stages' C++ with hostile or random inputs, and the
 # emulated device's fibers, run on the instrumented builds after the stages: the hostile-input
 # matrices and the cooperating kernels by default (they need the default's stages), with FULL the
