@@ -303,6 +303,17 @@ def test_module_takes_deformable_detrs_calls():
         assert now[name].abs().max() <= bound and not torch.equal(now[name], start[name]), name
 
 
+@pytest.mark.parametrize(("batch", "values"), [(0, 8), (2, 0)], ids=["batch_0", "levels_0x0"])
+def test_module_takes_empty_inputs(batch, values):
+    attn = package().MSDeformAttn(d_model=32, n_levels=2, n_heads=4, n_points=2)
+    shapes, starts = msda_op.level_table([(3, 2), (1, 2)] if values else [(0, 2), (0, 3)])
+    query = torch.randn(batch, 5, 32, requires_grad=True)
+    out = attn(query, torch.rand(batch, 5, 2, 2), torch.randn(batch, values, 32), shapes, starts)
+    assert out.shape == (batch, 5, 32)
+    out.sum().backward()
+    assert query.grad.shape == query.shape
+
+
 def test_module_arguments_are_checked():
     with pytest.raises(ValueError, match=r"MSDeformAttn: `d_model` \(30\) must be a multiple of "
                                          r"`n_heads` \(8\)"):

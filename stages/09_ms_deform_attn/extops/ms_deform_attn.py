@@ -304,7 +304,9 @@ class MSDeformAttn(nn.Module):
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
-        value = value.view(n, values, heads, -1)  # value_proj's width need not be d_model
+        # value_proj's width, split by the heads: d_model here, another in a subclass (mmcv's
+        # value_proj_ratio). Not -1: a batch of 0 would leave it undetermined.
+        value = value.view(n, values, heads, self.value_proj.out_features // heads)
         offsets = self.sampling_offsets(query).view(n, queries, heads, levels, points, 2)
         weights = self.attention_weights(query).view(n, queries, heads, levels * points)
         weights = weights.softmax(-1).view(n, queries, heads, levels, points)
