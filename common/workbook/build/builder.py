@@ -14,6 +14,7 @@ once); `workbook.build.loader` builds a stage when a test imports it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,21 @@ from workbook.measure import runlog
 
 class StageSkipped(RuntimeError):
     """A stage this machine cannot build (a CUDA stage without a CUDA toolkit); says why."""
+
+
+class BuildFailed(RuntimeError):
+    """The compiler refused a build; the message gives its first errors. Nothing an earlier
+    build left is loaded in its place."""
+
+
+# The builds that failed in this process: build folder -> (its sources' modification times, the
+# message). Each test imports its stage, so a stage whose build fails would be compiled again,
+# and fail again, once per test; until a source changes, a later build fails at once alike.
+_failed: dict[str, tuple[tuple, str]] = {}
+
+
+def _sources_state(s: Stage) -> tuple:
+    return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in _sources(s)))
 
 
 def _sources(s: Stage) -> list[Path]:
@@ -112,12 +128,18 @@ def is_up_to_date(s: Stage) -> bool:
     return all(p.stat().st_mtime <= built for p in _sources(s))
 
 
-def _first_errors(log: Path, limit: int = 12) -> str:
-    """The first compiler errors of a build log: what a reader needs, not the Python traceback."""
-    lines = log.read_text(errors="replace").splitlines()
-    errors = [ln for ln in lines if "error" in ln.lower() and not ln.lstrip().startswith("File ")]
+def first_errors(text: str, limit: int = 12) -> str:
+    """The first compiler errors of a build's output: what a reader needs, not the Python
+    traceback or the command lines (ninja's `[1/2] c++ ...`, whose flags may say -Werror)."""
+    lines = text.splitlines()
+    errors = [ln for ln in lines if "error" in ln.lower() and not ln.lstrip().startswith("File ")
+              and not re.search(r"\[\d+/\d+\] ", ln)]
     shown = errors[:limit] or lines[-limit:]
     return "--- first errors ---\n" + "\n".join(shown)
+
+
+def _first_errors(log: Path, limit: int = 12) -> str:
+    return first_errors(log.read_text(errors="replace"), limit)
 
 
 def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
@@ -142,6 +164,10 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
         if not quiet:
             print(f"[build] stage {s.number} ({s.folder}) is up to date in {s.lib_dir}")
         return s.lib_dir
+    state = _sources_state(s)
+    earlier = _failed.get(str(s.build_dir))
+    if earlier is not None and earlier[0] == state and not force:
+        raise BuildFailed(earlier[1])
     s.build_dir.mkdir(parents=True, exist_ok=True)
     if force:  # every object too, not only the library
         for temp in s.build_dir.glob("temp.*"):
@@ -171,10 +197,12 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     with open(log, "w") as out:
         proc = subprocess.run(cmd, cwd=s.source_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"building stage {s.number} ({s.folder}) failed (exit {proc.returncode}); "
-            f"full log: {log}\n{_first_errors(log)}"
-        )
+        errors = _first_errors(log)
+        first = next((ln.strip() for ln in errors.splitlines() if ": error: " in ln), None)
+        message = (f"building stage {s.number} ({s.folder}) failed{': ' + first if first else ''}"
+                   f" (exit {proc.returncode}); full log: {log}\n{errors}")
+        _failed[str(s.build_dir)] = (state, message)
+        raise BuildFailed(message)
     if s.cuda:
         _toolkit_stamp(s).write_text(_toolkit_used(s))
     _record_file(s).write_text(build_record(s))

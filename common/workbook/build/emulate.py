@@ -57,6 +57,7 @@ import sys
 import time
 from pathlib import Path
 
+from workbook.build.builder import BuildFailed
 from workbook.build.stages import REPO, Stage, build_root
 from workbook.measure import runlog
 
@@ -498,7 +499,7 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     (OPS_NAMESPACE, which the stage's setup.py defines as its package's name). `includes`: folders
     searched first. `torch_target`: the stage's TORCH_TARGET_VERSION (a stable-ABI stage's
     files compile only with it)."""
-    from workbook.build import compiler
+    from workbook.build import builder, compiler
 
     compiler.prepare()
     from torch.utils import cpp_extension
@@ -507,20 +508,40 @@ def _load(name: str, sources: list[Path], build_dir: Path, *, python_module: boo
     defines = [f"-DOPS_NAMESPACE={library}"] if library else []
     if torch_target:
         defines.append(f"-DTORCH_TARGET_VERSION={torch_target}")
+    key = (name, str(build_dir))
+    if key in _failed:
+        raise BuildFailed(_failed[key])
     start = time.perf_counter()
-    with _compilers_without_preload():
-        loaded = cpp_extension.load(
-            name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
-            extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE),
-                                 *compiler.include_dirs()],
-            extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
-            is_python_module=python_module, verbose=False)
+    try:
+        with _compilers_without_preload():
+            loaded = cpp_extension.load(
+                name=name, sources=[str(p) for p in sources], build_directory=str(build_dir),
+                extra_include_paths=[*map(str, includes), str(EMULATE_INCLUDE),
+                                     *compiler.include_dirs()],
+                extra_cflags=_flags() + defines, extra_ldflags=_ldflags(),
+                is_python_module=python_module, verbose=False)
+    except Exception as error:
+        # torch's loader, called again in this process with the same sources, skips the build
+        # it has seen fail and loads the library in the folder: an earlier, successful build's.
+        # So the library goes, and this process answers every later load with this failure.
+        for stale in build_dir.glob(f"{name}*.so"):
+            stale.unlink()
+        text = str(error)
+        first = next((ln.strip() for ln in text.splitlines() if ": error: " in ln), None)
+        _failed[key] = (f"building {name} (CUDA kernels for the emulated device) failed"
+                        f"{': ' + first if first else ''}\nNo earlier build is loaded in its "
+                        f"place. {builder.first_errors(text)}")
+        raise BuildFailed(_failed[key]) from error
     # The run log's build time of the emulated kernels: a load that finds them built costs
     # ninja's look at them (a second or so).
     runlog.record("build", name, time.perf_counter() - start, stage=runlog.stage_of(
         str(build_dir) + "/"), flavour=runlog.checks_flavour() or "emulated")
     return loaded
 
+
+# The emulated builds that failed in this process, (name, folder) -> the message: a later load
+# of the same sources fails alike, at once, instead of loading what an earlier build left.
+_failed: dict[tuple[str, str], str] = {}
 
 _device_ready = False
 
@@ -679,10 +700,15 @@ def load_stage(stage: Stage):
     else:
         # The stage's extension is `<package>._C`; its emulated copy sits in a package folder of
         # its own, beside the stage's Python files.
-        _load("_C", sources, p.build_dir / "objects", python_module=False,
-              library=stage.package, includes=p.includes,
-              torch_target=stage.torch_target_version)
         package = p.lib_dir / stage.package
+        try:
+            _load("_C", sources, p.build_dir / "objects", python_module=False,
+                  library=stage.package, includes=p.includes,
+                  torch_target=stage.torch_target_version)
+        except BuildFailed:
+            for stale in package.glob("_C*.so"):  # the copy of an earlier build goes too
+                stale.unlink()
+            raise
         package.mkdir(parents=True, exist_ok=True)
         for py in (stage.source_dir / stage.package).glob("*.py"):
             shutil.copy2(py, package / py.name)
