@@ -98,3 +98,18 @@ def test_a_copied_stage_is_built_and_tested_with_no_other_edit():
     table = run("-m", "pytest", "-q", "tests/test_stages.py::"
                 "test_readme_stage_table_matches_the_stage_folders")
     assert table.returncode == 1 and "42_z2xy_again" in table.stdout, table.stdout[-2000:]
+
+
+# Without a GPU the CUDA kernels run on the emulated device and the same tests judge them: what
+# learners read tells that one story (issue 37). Phrases of the story before the emulated device:
+STALE_GPU_PHRASES = ("Without one they skip", "GPU only)", "runs on a GPU only",
+                     "shows at most that your kernel compiles")
+
+
+def test_no_stale_phrase_about_the_gpu_where_learners_read():
+    places = [README, *REPO.glob("stages/*/README.md"), *REPO.glob("notebooks/*.ipynb"),
+              *REPO.glob("stages/*/test_*.py"), *REPO.glob("common/workbook/teaching/*.py")]
+    assert len(places) > 20, "the places learners read were not found"
+    stale = [f"{p.relative_to(REPO)}: {phrase!r}" for p in places
+             for phrase in STALE_GPU_PHRASES if phrase in p.read_text()]
+    assert not stale, "the GPU's old story, where learners read:\n" + "\n".join(stale)

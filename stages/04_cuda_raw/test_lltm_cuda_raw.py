@@ -1,11 +1,12 @@
 """Stage 04: fused CUDA kernels on raw pointers, against the float64 reference.
 
 Everywhere nvcc is found, the stage must compile, link and import, and refuse CPU tensors with a
-clear error. With a GPU, the kernels are also checked in every dtype, at state sizes that are not
-a multiple of the block size, against the CPU extension of stage 02 (the same C++ front), and
-under CUDA graph capture, and at the edges of the launch: empty tensors (no launch), state 1,
-batches past 65535 rows; opt-in (WORKBOOK_HUGE_TESTS=1), past 2^31 elements in bfloat16. Without
-nvcc every test is skipped with the reason.
+clear error. On a GPU, or without one on the emulated CUDA device (the .cu compiled for the CPU,
+every block and thread run), the kernels are checked in every dtype, at state sizes that are not
+a multiple of the block size, against the CPU extension of stage 02 (the same C++ front), and at
+the edges of the launch: empty tensors (no launch), state 1, batches past 65535 rows. On a GPU
+only: CUDA graph capture and, opt-in (WORKBOOK_HUGE_TESTS=1), past 2^31 elements in bfloat16.
+Without nvcc every test is skipped with the reason.
 """
 
 

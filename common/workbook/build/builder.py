@@ -155,6 +155,12 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     if s.cuda and toolkit_for(s) is None:
         why = "asked for" if s.cpu_only and not stages.cuda_disabled() else toolkit.reason()
         if not s.cpu_fallback:
+            from workbook.build import emulate
+
+            if s.cpu_only and emulate.active():  # make verify without a GPU, say
+                raise StageSkipped(f"stage {s.number} ({s.folder}): no nvcc build ({why}); its "
+                                   f"CUDA kernels are emulated on the CPU, built when its tests "
+                                   f"import it")
             raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: CUDA only, and no CUDA "
                                f"build here ({why})")
         cpu_only = f" CPU-only, without its CUDA kernels ({why}),"
