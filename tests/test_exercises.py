@@ -312,6 +312,41 @@ def test_the_summary_names_what_fails(tmp_path, capsys):
     assert report.exit_code == 0 and "DONE: every exercise" in capsys.readouterr().out
 
 
+def test_the_summary_shows_the_detail_a_heading_introduces(tmp_path, capsys):
+    """The first line of a check's message may end at a colon; the line after it says what is
+    wrong (which output, how far, against what tolerance)."""
+    s = stages.get(2)
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    detail = "output new_h: max |error| 0.19 (0.341 of its largest value) exceeds rtol=1e-05"
+    message = "AssertionError: against the float64 reference:&#10;" + detail + "&#10;more"
+    report = exercises.Report(s, True, junit(tmp_path, [
+        ("test_against_reference[cpu-float32-b1]", "failed", message)]))
+    exercises._summarise(report, exercises.find(s), work, 1.0)
+    assert (f"e.g. test_against_reference[cpu-float32-b1]: AssertionError: against the float64 "
+            f"reference: {detail}\n") in capsys.readouterr().out
+
+
+def test_verify_only_one_exercise_runs_the_tests_that_check_it(tmp_path, monkeypatch, capsys):
+    """`make verify N ONLY=name`: the pytest run is given that exercise's tests alone, and the
+    summary speaks of it alone (no build or test run here: the commands are recorded)."""
+    s = stages.get(2)
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    commands = []
+    monkeypatch.setattr(exercises, "_stream", lambda cmd, *a, **k: commands.append(cmd) or 0)
+    monkeypatch.setattr(exercises, "_read_junit", lambda path: [])
+    chosen = next(e for e in exercises.find(s) if e.name == "lltm-forward")
+    exercises.verify(s, work, base=tmp_path / "base", only="lltm-forward")
+    out = capsys.readouterr().out
+    pytest_cmd = commands[-1]
+    targets = [a for a in pytest_cmd if a.startswith(str(tmp_path / "base")) and "::" in a]
+    assert targets and len(targets) == len(set(chosen.checked_by))
+    assert all(any(t.endswith(c) for c in chosen.checked_by) for t in targets)
+    assert "only lltm-forward" in out and "lltm-backward" not in out.split("only lltm")[1]
+    with pytest.raises(exercises.ExerciseError, match=r"no exercise 'lltm-sideways'; its "
+                                                      r"exercises: lltm-forward, lltm-backward"):
+        exercises.verify(s, work, base=tmp_path / "base", only="lltm-sideways")
+
+
 def cooperating_stage():
     """The stage whose exercises are kernels that cooperate (barriers, shared memory)."""
     return next(s for s in STAGES if any(e.name == "tile-loop" for e in exercises.find(s)))

@@ -686,15 +686,26 @@ def _property(function: str) -> str:
 
 def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
           base: Path | None = None, pytest_args: Sequence[str] = (),
-          tests: Sequence[str] | None = None, env: dict | None = None) -> Report:
+          tests: Sequence[str] | None = None, env: dict | None = None,
+          only: str | None = None) -> Report:
     """Build the work copy of stage N under its own build folder and run the stage's tests on it
-    (only `tests`, "file::function" ids, when given); print a summary naming the exercises and
-    properties that fail; return the Report (exit_code 0: nothing failed)."""
+    (only `tests`, "file::function" ids, when given; only the tests that check the exercise
+    named `only`, when given); print a summary naming the exercises and properties that fail;
+    return the Report (exit_code 0: nothing failed)."""
     s = stages.get(number_or_stage)
     work = work_copy(s) if work is None else Path(work)
     if not work.is_dir():
         raise FileNotFoundError(f"no work copy {_show(work)}: `make exercise {s.number}` makes one")
     found = find(s)
+    if only is not None:
+        chosen = [e for e in found if e.name == only]
+        if not chosen:
+            raise ExerciseError(f"{s.label} has no exercise {only!r}; its exercises: "
+                                f"{', '.join(e.name for e in found)}")
+        found = chosen
+        tests = list(chosen[0].checked_by) if tests is None else tests
+        print(f"[verify] only {only}: the tests that check it "
+              f"({', '.join(t.split('::')[-1] for t in tests)})", flush=True)
     base = build_root() / "exercises" / s.folder if base is None else Path(base)
     tree = base / "stages"
     start = time.perf_counter()
@@ -887,7 +898,10 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         print(f"    {function.split('::')[-1]} ({len(failed)} of {len(by_function[function])} "
               f"failed): {_property(function)}")
         if example:
-            print(f"      e.g. {failed[0].test.split('::')[-1]}: {example[0][:200]}")
+            shown = example[0].strip()
+            if shown.endswith(":"):  # a heading ("against the float64 reference:"): its detail
+                shown += " " + next((ln.strip() for ln in example[1:] if ln.strip()), "")
+            print(f"      e.g. {failed[0].test.split('::')[-1]}: {shown[:300]}")
     others = sorted({r.function.split("::")[-1] for r in report.failed()
                      if r.test not in attributed})
     if others:
@@ -999,6 +1013,8 @@ def main(argv: list[str] | None = None) -> int:
     verifying = sub.add_parser("verify", help="build your copy of stage N and run its tests on "
                                "it (pytest options after --)")
     verifying.add_argument("stage", help="stage number or folder")
+    verifying.add_argument("--only", metavar="EXERCISE",
+                           help="run only the tests that check this exercise (its name)")
     revealing = sub.add_parser("reveal", help="put the solution of exercises back into your copy")
     revealing.add_argument("stage", help="stage number or folder")
     revealing.add_argument("names", nargs="*", help="exercise names (none: every exercise)")
@@ -1009,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "carve":
             carve(args.stage, reset=args.reset)
         elif args.command == "verify":
-            return verify(args.stage, pytest_args=extra).exit_code
+            return verify(args.stage, pytest_args=extra, only=args.only).exit_code
         elif args.command == "reveal":
             done = reveal(args.stage, args.names)
             s = stages.get(args.stage)
