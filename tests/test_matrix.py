@@ -1,7 +1,8 @@
 """The hostile-input matrices (workbook/net/matrix.py): every row of every op's table, in every
 mode the op supports (eager, meta, compile), each run in a child process, so that a crash fails its
 row and the rest still run. One test per row and mode; the tables run once, two at a time, the
-first time a test asks for them.
+first time a test asks for them: those of the tests collected (a test whose result was kept,
+workbook.testing.pytest_results, is not).
 
 `python -m workbook.net.matrix --list` prints the tables; `python -m workbook.net.matrix
 lltm@5` runs one.
@@ -20,8 +21,11 @@ PARAMS = [pytest.param(target, row, mode, id=f"{target.key}-{row.name}-{mode}")
 
 
 @pytest.fixture(scope="session")
-def results():
-    return matrix.run_all(log=lambda line: print(line, flush=True))
+def results(request):
+    wanted = {item.callspec.params["target"].key for item in request.session.items
+              if "results" in getattr(item, "fixturenames", ())}
+    return matrix.run_all([t for t in TARGETS if t.key in wanted],
+                          log=lambda line: print(line, flush=True))
 
 
 @pytest.mark.parametrize(("target", "row", "mode"), PARAMS)

@@ -59,12 +59,15 @@ def test_the_report_sums_steps_stages_and_names_the_slowest():
          "s": 55},
         {"kind": "test", "step": "sanitize", "stage": "05", "flavour": "asan", "what": "mid",
          "s": 20},
+        {"kind": "reused", "step": "test", "stage": "09", "flavour": "-", "what": "3 tests",
+         "s": 12, "tests": 3},
     ]
     text = runlog.report(rows, slowest=2)
     steps = text.split("\n\n")[0].splitlines()
-    assert steps[3].split() == ["test", "100", "40", "56", "30/10"]
-    assert steps[4].split() == ["sanitize", "50", "7", "20", "10/0"]
-    assert steps[5].split() == ["total", "150", "47", "76"]
+    assert steps[3].split() == ["test", "100", "40", "56", "30/10", "3"]
+    assert steps[4].split() == ["sanitize", "50", "7", "20", "10/0", "0"]
+    assert steps[5].split() == ["total", "150", "47", "76", "3"]
+    assert "(3 tests reused, passed before on the same inputs: 12 s when they ran" in steps[6]
     per_stage = [line.split() for line in text.split("\n\n")[1].splitlines()[3:]]
     assert ["05", "asan", "7", "20", "1"] in per_stage
     assert ["08", "emulated", "0", "55", "1"] in per_stage

@@ -77,6 +77,7 @@ def _run(module: str, args: list[str], **env: str) -> subprocess.CompletedProces
 
 
 @pytest.mark.standalone
+@pytest.mark.reaches("04_cuda_raw")  # and what it names (02): workbook.testing.pytest_results
 @pytest.mark.skipif(toolkit.find() is None, reason="stage 04 is CUDA-only: no CUDA toolkit here")
 @pytest.mark.skipif(not emulate.active(), reason="the race check runs on the emulated device")
 def test_racecheck_runs_first_and_alone():
@@ -93,6 +94,7 @@ def test_racecheck_runs_first_and_alone():
 
 
 @pytest.mark.standalone
+@pytest.mark.reaches("01_z2xy")
 def test_sanitize_runs_first_and_alone():
     _empty()
     run = _run("workbook.net.sanitize", ["1", "--", "-x"])

@@ -9,14 +9,17 @@ Nothing is logged unless WORKBOOK_RUNLOG names a file. Each line is a JSON objec
     {"kind": "build", "step": "test", "stage": "09", "flavour": "nvcc", "what": ..., "s": 41.2}
     {"kind": "test",  "step": "test", "stage": "08", "flavour": "emulated", "what": node id, ...}
     {"kind": "step",  "step": "sanitize", "s": 512.0, "ccache_hits": 10, "ccache_misses": 2}
+    {"kind": "reused", "step": "test", "stage": "09", "what": "296 tests", "s": 35.1, "tests": 296}
 
 `kind` build: a stage's setup.py build (builder.build_stage) or an emulated device's library
 (emulate._load), only when something was compiled or linked; test: one test, its setup, call and
 teardown (workbook.testing.pytest_timings); step: one step of .ci/run, its wall time and the
-compiler cache's hits and misses over it. `step` is WORKBOOK_CI_STEP (unset: "-"). `flavour` is
-what the build is for: "host" (a stage's C++ alone), "nvcc" (with its CUDA files), "cpu-only" (a
-CUDA stage without them), "emulated" (CUDA files compiled for the CPU), and for the checks' builds
-"asan" (make sanitize), "tsan" (make racecheck's emulated kernels) and "exercise" (a carved copy).
+compiler cache's hits and misses over it; reused: the tests of one pytest process whose results
+were kept (workbook.testing.pytest_results), how many and how long they took when they ran.
+`step` is WORKBOOK_CI_STEP (unset: "-"). `flavour` is what the build is for: "host" (a stage's
+C++ alone), "nvcc" (with its CUDA files), "cpu-only" (a CUDA stage without them), "emulated" (CUDA
+files compiled for the CPU), and for the checks' builds "asan" (make sanitize), "tsan" (make
+racecheck's emulated kernels) and "exercise" (a carved copy).
 Processes append side by side: each line is written whole, with one write, to a file opened for
 appending.
 """
@@ -117,7 +120,12 @@ def report(rows: list[dict], slowest: int = 20) -> str:
     steps = [r for r in rows if r["kind"] == "step"]
     sums: dict[tuple, float] = collections.defaultdict(float)
     counts: dict[tuple, int] = collections.defaultdict(int)
+    reused: dict[str, int] = collections.defaultdict(int)
+    reused_seconds = 0.0
     for r in rows:
+        if r["kind"] == "reused":
+            reused[r["step"]] += int(r.get("tests", 0))
+            reused_seconds += r["s"]
         if r["kind"] in ("build", "test"):
             sums[(r["step"], r["kind"])] += r["s"]
             sums[(r["stage"], r["flavour"], r["kind"])] += r["s"]
@@ -131,14 +139,19 @@ def report(rows: list[dict], slowest: int = 20) -> str:
         cache = next((s for s in steps if s["step"] == step and "ccache_hits" in s), None)
         table.append([step, f"{wall:.0f}" if wall is not None else "",
                       f"{sums[(step, 'build')]:.0f}", f"{sums[(step, 'test')]:.0f}",
-                      f"{cache['ccache_hits']}/{cache['ccache_misses']}" if cache else ""])
+                      f"{cache['ccache_hits']}/{cache['ccache_misses']}" if cache else "",
+                      str(reused[step])])
     built = sum(v for k, v in sums.items() if len(k) == 2 and k[1] == "build")
     tested = sum(v for k, v in sums.items() if len(k) == 2 and k[1] == "test")
     table.append(["total", f"{sum(s['s'] for s in steps):.0f}", f"{built:.0f}", f"{tested:.0f}",
-                  ""])
+                  "", str(sum(reused.values()))])
     out.append("Steps: wall seconds; builds and tests summed over their processes "
-               "(parts side by side sum past the wall); ccache hits/misses")
-    out.append(_table(["step", "wall s", "build s", "test s", "ccache"], table))
+               "(parts side by side sum past the wall); ccache hits/misses; tests whose "
+               "results were reused")
+    out.append(_table(["step", "wall s", "build s", "test s", "ccache", "reused"], table))
+    if reused_seconds:
+        out.append(f"  ({sum(reused.values())} tests reused, passed before on the same inputs: "
+                   f"{reused_seconds:.0f} s when they ran; workbook.testing.pytest_results)")
 
     keys = sorted({(k[0], k[1]) for k in sums if len(k) == 3})
     out.append("\nPer stage and flavour: seconds summed over every step (tests: how many)")

@@ -1,0 +1,154 @@
+"""Kept test results (workbook/testing/pytest_results.py): what a test's key covers, what is kept,
+and a run that reuses them, alone and under pytest-xdist."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from workbook import ops
+from workbook.build import stages
+from workbook.testing import pytest_results as results
+
+REPO = stages.REPO
+
+
+def make_tree(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def scope_digests(root, files):
+    """For each kind of test, the digest of what it can reach."""
+    make_tree(root, files)
+    inputs = results.Inputs(results.tree(root), root)
+    return {"stage b": inputs.scope("stages/02_b/test_b.py", set())[1],
+            "tests/ on c": inputs.scope("tests/test_t.py", {"03_c"})[1],
+            "tests/": inputs.scope("tests/test_t.py", set())[1]}
+
+
+TREE = {
+    ".gitignore": "/build/\n",
+    "stages/01_a/a.cpp": "int a;\n",
+    "stages/02_b/test_b.py": "# compiles 01_a's kernel\n",
+    "stages/03_c/c.cpp": "int c;\n",
+    "common/w.py": "w = 1\n",
+    "tests/test_t.py": "t = 1\n",
+    "notebooks/n.ipynb": "{}\n",
+}
+
+
+def test_a_key_covers_what_the_test_can_reach(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    before = scope_digests(tmp_path, TREE)
+    inputs = results.Inputs(results.tree(tmp_path), tmp_path)
+    assert inputs.reach("02_b") == {"01_a", "02_b"}
+    assert inputs.reach("01_a") == {"01_a"}
+
+    def changed(name, text):
+        after = scope_digests(tmp_path, {**TREE, name: text})
+        if name not in TREE:
+            (tmp_path / name).unlink()
+        make_tree(tmp_path, TREE)
+        return {kind for kind in before if after[kind] != before[kind]}
+
+    assert changed("stages/01_a/a.cpp", "int a2;\n") == {"stage b", "tests/"}
+    assert changed("stages/03_c/c.cpp", "int c2;\n") == {"tests/ on c", "tests/"}
+    assert changed("common/w.py", "w = 2\n") == {"stage b", "tests/ on c", "tests/"}
+    assert changed("tests/test_t.py", "t = 2\n") == {"tests/ on c", "tests/"}
+    assert changed("notebooks/n.ipynb", "[]\n") == {"tests/ on c", "tests/"}
+    assert changed("common/new.py", "") == {"stage b", "tests/ on c", "tests/"}  # untracked
+    assert changed("build/out.so", "") == set()  # ignored by git
+
+
+def test_a_stage_named_by_number_is_reached(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    make_tree(tmp_path, {"stages/01_a/a.py": "", "stages/02_b/t.py": "stages.get(1)\n"})
+    assert results.Inputs(results.tree(tmp_path), tmp_path).reach("02_b") == {"01_a", "02_b"}
+
+
+def test_the_stages_a_test_names():
+    def item(params, marks=()):
+        return types.SimpleNamespace(
+            callspec=types.SimpleNamespace(params=params),
+            iter_markers=lambda name: [m for m in marks if m.name == name])
+
+    s = stages.get(9)
+    implementation = next(i for i in ops.implementations() if i.stage.number == 5)
+    assert results.stages_named(item({"s": s, "n": 3})) == {s.folder}
+    assert results.stages_named(item({"target": implementation})) == {"05_cuda_accessors"}
+    assert results.stages_named(item({"op": "lltm"})) == set()
+    assert results.stages_named(item({}, [pytest.mark.reaches("01_z2xy").mark])) == {"01_z2xy"}
+
+
+def test_the_environment_has_the_variables_that_matter_without_the_clones_path(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_EMULATE_SEED", "3")
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(REPO / "build"))
+    monkeypatch.setenv("WORKBOOK_CI_STEP", "test")
+    variables = results.environment()["variables"]
+    assert '"WORKBOOK_EMULATE_SEED": "3"' in variables
+    assert '"WORKBOOK_BUILD_DIR": "<repo>/build"' in variables
+    assert "WORKBOOK_CI_STEP" not in variables and str(REPO) not in variables
+    first = results.environment()
+    monkeypatch.setenv("WORKBOOK_EMULATE_SEED", "4")
+    assert results.environment() != first
+
+
+def report(nodeid, when, outcome, **extra):
+    return types.SimpleNamespace(nodeid=nodeid, when=when, duration=0.5,
+                                 passed=outcome == "passed", **extra)
+
+
+def test_only_a_test_that_passed_whole_is_kept(tmp_path):
+    config = types.SimpleNamespace(option=types.SimpleNamespace())
+    plugin = results.Results(config, tmp_path)
+    runs = {
+        "passed": ["passed", "passed", "passed"],
+        "failed": ["passed", "failed", "passed"],
+        "skipped": ["skipped", None, "passed"],
+        "teardown failed": ["passed", "passed", "failed"],
+        "expected to fail": ["passed", "xfail", "passed"],
+    }
+    for name, outcomes in runs.items():
+        plugin.keys[name] = hashlib.sha256(name.encode()).hexdigest()
+        for when, outcome in zip(("setup", "call", "teardown"), outcomes):
+            if outcome == "xfail":
+                plugin.pytest_runtest_logreport(report(name, when, "skipped", wasxfail=""))
+            elif outcome is not None:
+                plugin.pytest_runtest_logreport(report(name, when, outcome))
+    kept = {name for name in runs if plugin.store.get(hashlib.sha256(name.encode()).hexdigest())}
+    assert kept == {"passed"}
+    record = plugin.store.get(hashlib.sha256(b"passed").hexdigest())
+    assert record["nodeid"] == "passed" and record["s"] == 1.5
+
+
+def test_a_test_sees_no_results_folder():
+    # Run with WORKBOOK_RESULTS set (the test below): the plugin took it from the environment,
+    # so that nothing a test starts reuses a result.
+    assert results.ENV not in os.environ
+
+
+def test_a_second_run_reuses_and_a_changed_variable_runs_again(tmp_path):
+    nodes = [f"{REPO / 'tests' / 'test_results.py'}::test_a_test_sees_no_results_folder",
+             f"{REPO / 'tests' / 'test_runlog.py'}::test_stage_of_a_path_or_node_id"]
+
+    def run(*options, **variables):
+        env = {**os.environ, results.ENV: str(tmp_path / "kept"), **variables}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", *options, *nodes], env=env,
+                              capture_output=True, text=True, cwd=REPO)
+        return done.returncode, done.stdout.strip().splitlines()[-1], done.stdout
+
+    code, last, out = run()
+    assert code == 0 and last.startswith("2 passed"), out
+    code, last, out = run()
+    assert code == 0 and last.startswith("2 reused"), out
+    assert "[results] 2 tests reused" in out
+    code, last, out = run(WORKBOOK_EMULATE_SEED="12345")
+    assert code == 0 and last.startswith("2 passed"), out
+    code, last, out = run("-n", "2")  # pytest-xdist: the workers reuse, the controller counts
+    assert code == 0 and last.startswith("2 reused"), out
