@@ -65,6 +65,7 @@ help:
 	@echo "  make racecheck   every stage's CUDA kernels on the emulated device under ThreadSanitizer (N: one):"
 	@echo "                   a race between two emulated threads is reported with both lines (minutes)"
 	@echo "  make diff N      the lesson of stage N: its files against the stage before, side by side in diff -u"
+	@echo "                   (the exercises' solutions folded; SOLUTIONS=1 shows them)"
 	@echo "  make exercise N  your copy of stage N to write, exercises/NN_name/, its exercises as TODOs"
 	@echo "                   RESET=1: start afresh; REVEAL=name: put one solution in (REVEAL=all: every one)"
 	@echo "                   diff -ru stages/NN_name exercises/NN_name shows the solutions"
@@ -187,10 +188,11 @@ test-exercises: $(ENV_READY)
 	@$(PY) -m pytest -q -rs $(SIDE_BY_SIDE) --durations=0 --durations-min=1 -m exercises \
 		$(REPO)/tests/test_exercises.py
 
-# `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml).
+# `make diff 5`: what stage 5 changes, file against file (the pairs are in its stage.toml), the
+# exercises' solutions folded; SOLUTIONS=1 shows them.
 diff: $(ENV_READY)
 	@if [ -z "$(STAGE)" ]; then echo "usage: make diff N"; exit 2; fi
-	@$(PY) -m workbook.build.stages --diff $(STAGE)
+	@$(PY) -m workbook.build.stages --diff $(STAGE) $(if $(filter 1 yes true,$(SOLUTIONS)),--solutions)
 
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py

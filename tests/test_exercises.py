@@ -117,6 +117,50 @@ def files_of(folder):
             if p.is_file() and not exercises._skipped(p.relative_to(folder))}
 
 
+def solution_lines(e, *others):
+    """The lines of e's solution found nowhere else in its file, nor in `others` (texts): code a
+    lesson that shows them gives away."""
+    lines = e.path.read_text().splitlines()
+    rest = [*lines[:e.body], *lines[e.end:], *(ln for t in others for ln in t.splitlines())]
+    rest = {ln.strip() for ln in rest}
+    return [ln.strip() for ln in lines[e.body:e.end]
+            if len(ln.strip()) > 8 and not ln.strip().startswith(("//", "#"))
+            and ln.strip() not in rest]
+
+
+def lines_of(text, margin=0):
+    """Each line stripped, `margin` characters (a diff's +, - or space) cut first."""
+    return {line[margin:].strip() for line in text.splitlines()}
+
+
+WITH_EXERCISES = [s for s in STAGES if exercises.find(s)]
+
+
+@pytest.mark.parametrize("s", WITH_EXERCISES, ids=stage_ids)
+def test_the_lesson_shows_each_task_and_folds_its_solution(s):
+    from workbook.teaching import notebook
+
+    pairs = {s.source_dir.parent / after: s.source_dir.parent / before
+             for before, after in s.lesson}
+    diff = stages.lesson_diff(s)
+    for e in exercises.find(s):
+        shown = notebook.excerpt(e.path).text  # what show_source shows of the whole file
+        hidden = solution_lines(e)
+        assert hidden, f"{e.name}: no line of its solution to look for"
+        for line in hidden:
+            assert line not in lines_of(shown), f"{e.name}: show_source gives away {line!r}"
+        assert f"REVEAL={e.name}`" in shown and e.task in shown
+        if e.path in pairs:  # the book's lesson diff and `make diff N`
+            for line in solution_lines(e, pairs[e.path].read_text()):
+                assert line not in lines_of(diff, 1), f"{e.name}: make diff {s.number} gives " \
+                                                      f"away {line!r}"
+            assert f"REVEAL={e.name}`" in diff
+    in_lesson = [e for e in exercises.find(s) if e.path in pairs]
+    if in_lesson:  # SOLUTIONS=1 shows them
+        unfolded = stages.lesson_diff(s, solutions=True)
+        assert any(line in lines_of(unfolded, 1) for e in in_lesson for line in solution_lines(e))
+
+
 @pytest.mark.parametrize("s", STAGES, ids=stage_ids)
 def test_carving_then_restoring_gives_the_stage_back_byte_for_byte(s, tmp_path):
     work = exercises.carve(s, tmp_path / s.folder, quiet=True)

@@ -24,6 +24,7 @@ number is a new stage, built by ``make stage N`` and tested by ``make test``, wi
                                                   prints)
     python -m workbook.build.stages --readme-table    the README's stage table, as it must read
     python -m workbook.build.stages --diff 5      stage 5's lesson: the diff of its `lesson` pairs
+                                                  (--solutions: the exercises' solutions unfolded)
     python -m workbook.build.stages --production  the folder `make install` installs
 """
 
@@ -273,8 +274,15 @@ def production() -> Stage:
     return marked[-1]
 
 
-def lesson_diff(s: Stage) -> str:
-    """The unified diff of each of the stage's lesson pairs, one after the other."""
+def lesson_diff(s: Stage, solutions: bool = False) -> str:
+    """The unified diff of each of the stage's lesson pairs, one after the other; each
+    exercise's solution folded (workbook.teaching.exercises.fold), unless `solutions`."""
+    from workbook.teaching import exercises  # which reads the stages: imported when used
+
+    def text(path: Path) -> list[str]:
+        lines = path.read_text().splitlines(keepends=True)
+        return lines if solutions else exercises.fold(lines, path)
+
     if not s.lesson:
         return f"{s.label} names no lesson pairs in its stage.toml (`lesson = [[before, after]]`)"
     chunks = []
@@ -286,9 +294,8 @@ def lesson_diff(s: Stage) -> str:
             raise StageError(f"{s.source_dir / 'stage.toml'}: `lesson` names missing files: "
                              f"{', '.join(missing)}")
         chunks.append("".join(difflib.unified_diff(
-            a.read_text().splitlines(keepends=True), b.read_text().splitlines(keepends=True),
-            f"stages/{before}", f"stages/{after}")) or f"(stages/{before} and stages/{after} "
-            f"are the same)\n")
+            text(a), text(b), f"stages/{before}", f"stages/{after}"))
+            or f"(stages/{before} and stages/{after} are the same)\n")
     return "\n".join(chunks)
 
 
@@ -310,11 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--diff", metavar="N", help="print stage N's lesson as a diff")
     group.add_argument("--production", action="store_true",
                        help="print the folder of the production library")
+    parser.add_argument("--solutions", action="store_true",
+                        help="with --diff: the exercises' solutions too (folded otherwise)")
     args = parser.parse_args(argv)
     try:
         stages = all_stages()
         if args.diff:
-            print(lesson_diff(get(args.diff)), end="")
+            print(lesson_diff(get(args.diff), args.solutions), end="")
             return 0
         if args.production:
             print(production().source_dir)

@@ -472,6 +472,37 @@ def region_body(text: str, path: Path | str, name: str) -> str | None:
     return None
 
 
+_STAGE_NUMBER = re.compile(r"(?:^|/)(\d{2})_[a-z0-9_]+/")
+
+
+def fold(lines: Sequence[str], path: Path | str, first: int = 0,
+         last: int | None = None) -> list[str]:
+    """Lines first..last (0-based, inclusive; by default all) of a file's `lines`, each exercise's
+    solution in them folded to one line that says how to see it: what a lesson shows, so that it
+    teaches the exercise without giving it away (its EXERCISE line, with the task, and its
+    `checked by:` lines stay). A file without exercises, or whose markers do not read, comes back
+    as it is."""
+    path = Path(path)
+    last = len(lines) - 1 if last is None else last
+    try:
+        regions = parse("\n".join(line.rstrip("\n") for line in lines), path)
+    except ExerciseError:
+        regions = []
+    number = _STAGE_NUMBER.search(path.as_posix())
+    where = f"make exercise {int(number.group(1))}" if number else "make exercise N"
+    out, k = [], first
+    for r in regions:
+        low, high = max(r.body, first), min(r.end - 1, last)
+        if low > high:
+            continue
+        newline = "\n" if lines[low].endswith("\n") else ""
+        out += lines[k:low]
+        out.append(f"{r.indent}{COMMENT[path.suffix]} ... yours to write (the solution: "
+                   f"`{where} REVEAL={r.name}`){newline}")
+        k = high + 1
+    return out + list(lines[k:last + 1])
+
+
 # ----------------------------------------------------------------------------------------------
 # The work copy: carve, reveal
 

@@ -1,7 +1,8 @@
 """Small helpers the notebooks share, so that each notebook reads as a lesson, not as plumbing.
 
 * `show_source(path, name)` shows a named C++/CUDA function (with the comment above it) or a
-  Python function/class, read from the stage's file, so the notebook never drifts from the code;
+  Python function/class, read from the stage's file, so the notebook never drifts from the code
+  (an exercise's solution folded: workbook.teaching.exercises.fold);
   `show_source(path, lines=(a, b))` shows a line range;
 * `run(cmd)` runs a command in a subprocess and shows what it printed and how it exited (the ABI
   lesson needs a fresh process: a failed import cannot be retried in the kernel);
@@ -185,7 +186,12 @@ def excerpt(path: Path | str, name: str | None = None, *,
             first, last = _cpp_definition(all_lines, name)
     except LookupError as err:
         raise LookupError(f"{relative(path)}: {err}") from None
-    return Excerpt(path, first + 1, last + 1, "\n".join(all_lines[first:last + 1]))
+    # An exercise's solution stays folded (`make exercise N REVEAL=name` shows it): the lesson
+    # shows the task, the learner writes it.
+    from workbook.teaching import exercises
+
+    return Excerpt(path, first + 1, last + 1,
+                   "\n".join(exercises.fold(all_lines, path, first, last)))
 
 
 def show_source(path: Path | str, name: str | None = None, *,
