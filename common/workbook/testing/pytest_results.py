@@ -27,11 +27,12 @@ packages (dpkg's list), nvcc's version, the CPU's flags, the GPUs visible, and t
 change what a test runs on (WORKBOOK_*, the sanitizers' and OpenMP's settings, LD_PRELOAD, ...),
 the clone's own path replaced by a placeholder, so that a clone elsewhere finds the same keys.
 
-**What is kept, and reused.** A test is kept when its setup, call and teardown all pass (not one
-skipped, failed or expected to fail). At collection, a test whose key is kept is taken out of the
-run and counted: the summary line says ``N reused``, a closing line says how long those tests took
-when they ran, and the run log (workbook.measure.runlog) records it. A failed test is never kept,
-so it runs every time until it passes.
+**What is kept, and reused.** A row of one SQLite database in that folder (`Store`), for each test
+whose setup, call and teardown all passed (not one skipped, failed or expected to fail). At
+collection, a test whose key has a row is taken out of the run and counted: the summary line says
+``N reused``, a closing line says how long those tests took when they ran, and the run log
+(workbook.measure.runlog) records it. A failed test is never kept, so it runs every time until it
+passes. ``--collect-only`` lists every test.
 
 **Nested runs start afresh.** A test that runs pytest itself (a copy of the repository, a carved
 exercise, a check into an empty build folder) must prove it now: this process drops
@@ -46,6 +47,7 @@ a new folder) runs everything.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -53,6 +55,7 @@ import os
 import platform
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -238,27 +241,57 @@ def stages_named(item) -> set[str]:
 
 
 class Store:
-    """One small file per kept result: <folder>/<key[:2]>/<key>, written whole (a temporary file
-    renamed), so that processes side by side never see half of one."""
+    """The kept results: one SQLite database, <folder>/results.sqlite3, a row per key. A process
+    writes its rows in batches (every BATCH tests, and at its end): a process that dies loses
+    only rows it had not written, whose tests then run again. Rows older than KEEP_DAYS go."""
+
+    BATCH = 200
+    KEEP_DAYS = 30
 
     def __init__(self, folder: Path):
         self.folder = folder
+        self.path = folder / "results.sqlite3"
+        self._pending: list[tuple] = []
+        self._pruned = False
 
-    def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / key
+    def _connect(self) -> sqlite3.Connection:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=120)  # processes side by side take turns
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE IF NOT EXISTS kept (key TEXT PRIMARY KEY, nodeid TEXT, "
+                   "seconds REAL, scope TEXT, at REAL)")
+        return db
+
+    def get_many(self, keys: list[str]) -> dict[str, dict]:
+        """The kept rows of `keys`, by key."""
+        self.flush()
+        found = {}
+        with contextlib.closing(self._connect()) as db:
+            for k in range(0, len(keys), 500):
+                chunk = keys[k:k + 500]
+                rows = db.execute(f"SELECT key, nodeid, seconds, scope, at FROM kept WHERE key "
+                                  f"IN ({','.join('?' * len(chunk))})", chunk)
+                for key, nodeid, seconds, scope, at in rows:
+                    found[key] = {"nodeid": nodeid, "s": seconds, "scope": scope, "at": at}
+        return found
 
     def get(self, key: str) -> dict | None:
-        try:
-            return json.loads(self._path(key).read_text())
-        except (OSError, ValueError):
-            return None
+        return self.get_many([key]).get(key)
 
-    def put(self, key: str, record: dict) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(record))
-        os.replace(temporary, path)
+    def put(self, key: str, nodeid: str, seconds: float, scope: str) -> None:
+        self._pending.append((key, nodeid, round(seconds, 3), scope, time.time()))
+        if len(self._pending) >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending and self._pruned:
+            return
+        with contextlib.closing(self._connect()) as db, db:
+            db.executemany("INSERT OR REPLACE INTO kept VALUES (?, ?, ?, ?, ?)", self._pending)
+            if not self._pruned:
+                db.execute("DELETE FROM kept WHERE at < ?",
+                           (time.time() - self.KEEP_DAYS * 86400,))
+        self._pending, self._pruned = [], True
 
 
 class Results:
@@ -280,26 +313,31 @@ class Results:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
-        if self.controller:
+        if self.controller or config.option.collectonly:  # --collect-only lists every test
             return
         files = tree(REPO)
         if files is None:
             return
         inputs, env = Inputs(files, REPO), environment(REPO)
         env_digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
-        kept = []
+        keys = {}
         for item in items:
             path = _relative(item)
             if path is None or path not in files:  # a copy under build/, a file outside
-                kept.append(item)
                 continue
             described, digest = inputs.scope(path, stages_named(item))
-            key = hashlib.sha256(f"{env_digest}\n{digest}\n{item.nodeid}".encode()).hexdigest()
-            record = self.store.get(key)
-            if record is not None and record.get("nodeid") == item.nodeid:
-                self.reused.append((item.nodeid, float(record.get("s", 0.0))))
+            keys[item.nodeid] = hashlib.sha256(
+                f"{env_digest}\n{digest}\n{item.nodeid}".encode()).hexdigest()
+            self.scopes[item.nodeid] = described
+        found = self.store.get_many(list(keys.values()))
+        kept = []
+        for item in items:
+            record = found.get(keys.get(item.nodeid, ""))
+            if record is not None and record["nodeid"] == item.nodeid:
+                self.reused.append((item.nodeid, float(record["s"])))
                 continue
-            self.keys[item.nodeid], self.scopes[item.nodeid] = key, described
+            if item.nodeid in keys:
+                self.keys[item.nodeid] = keys[item.nodeid]
             kept.append(item)
         items[:] = kept
         if self.worker:
@@ -323,9 +361,7 @@ class Results:
             return
         key = self.keys.pop(nodeid, None)
         if key is not None and nodeid in self.called and nodeid not in self.failed:
-            self.store.put(key, {"nodeid": nodeid, "s": round(self.seconds[nodeid], 3),
-                                 "scope": self.scopes.get(nodeid, ""),
-                                 "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            self.store.put(key, nodeid, self.seconds[nodeid], self.scopes.get(nodeid, ""))
         for seen in (self.failed, self.called):
             seen.discard(nodeid)
         self.seconds.pop(nodeid, None)
@@ -366,6 +402,7 @@ class Results:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
+        self.store.flush()
         # Every test reused: pytest's "no tests collected" (5) means here that all passed.
         if self.reused and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             session.exitstatus = pytest.ExitCode.OK
