@@ -11,6 +11,7 @@ import pytest
 
 from workbook import ops
 from workbook.build import stages
+from workbook.measure import runlog
 from workbook.testing import pytest_results as results
 
 REPO = stages.REPO
@@ -139,6 +140,7 @@ def test_a_second_run_reuses_and_a_changed_variable_runs_again(tmp_path):
 
     def run(*options, **variables):
         env = {**os.environ, results.ENV: str(tmp_path / "kept"), **variables}
+        env.pop(runlog.ENV, None)  # this run's counts are not the suite's
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", *options, *nodes], env=env,
                               capture_output=True, text=True, cwd=REPO)
         return done.returncode, done.stdout.strip().splitlines()[-1], done.stdout
