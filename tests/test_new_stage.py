@@ -13,7 +13,12 @@ from workbook import testing
 from workbook.build import stages
 
 
+# Of the other stages it reads what describes them (stage.toml, setup.py: the new stage's number,
+# the README's table, the names taken); the tools it runs (-k, --op) select the new op alone. Its
+# verdict is on the template, so a change to another stage's kernel leaves it standing: that
+# stage's own tests judge the change (workbook.testing.pytest_results).
 @pytest.mark.template
+@pytest.mark.reads("stages/*/stage.toml", "stages/*/setup.py", "stages/*/README.md")
 def test_new_stage_builds_and_passes_its_tests(tmp_path):
     copy, env = testing.working_copy_in_build("new-stage")
     env["PYTHON"] = sys.executable

@@ -5,11 +5,14 @@ learn", last cell the stage's exercises) or an appendix (AK_name.ipynb, first ce
 AK: ... you will learn"), for a lesson that belongs to no stage.
 
 The execution test runs scripts/run_notebooks.py, the same runner `make notebooks` uses, in a
-subprocess with this interpreter and environment: each notebook in a fresh Jupyter kernel, the
-executed copies in build/notebooks/. It builds what the notebooks need (reusing the builds of
-the other tests), so it takes a few minutes on a small machine. Then it reads the executed copies:
-each must hold a picture (an image/png output), drawn when it ran. It runs twice: the notebooks
-that time code (`timed`, which `make test` runs when no other test does) and the others.
+subprocess with this interpreter and environment, once per notebook: each in a fresh Jupyter
+kernel, the executed copy in build/notebooks/. It builds what the notebook needs (reusing the
+builds of the other tests): minutes in all on a small machine. Then it reads the executed copy:
+it must hold a picture (an image/png output), drawn when it ran. The notebooks that time code
+(`timed-...`) run when no other test does in `make test`; the others (`untimed-...`) beside them.
+Each notebook's test names the stages its cells import, so a kept result of it
+(workbook.testing.pytest_results) stands while those stages are unchanged, and it keeps its
+executed copy, which the book shows, with that result.
 """
 
 import json
@@ -23,6 +26,7 @@ import pytest
 from workbook.build import stages
 from workbook.teaching import exercises
 from workbook.teaching.notebook import pythonpath_with_common
+from workbook.testing import pytest_results
 
 REPO = stages.REPO
 RUNNER = REPO / "scripts" / "run_notebooks.py"
@@ -117,13 +121,39 @@ def test_the_notebooks_that_time_nothing_are_few():
     assert all(is_appendix(p) for p in GROUPS["untimed"]), GROUPS["untimed"]
 
 
-@pytest.mark.parametrize("group", [g for g, chosen in GROUPS.items() if chosen])
-def test_notebooks_execute(capsys, group):
+def executed_copy(path):
+    return stages.build_root() / "notebooks" / path.name
+
+
+def stages_run_by(path) -> set[str]:
+    """The stage folders a notebook names: by folder name, stages.get(N) or import_stage(N)."""
+    return pytest_results.folders_named(path.read_text(), {s.folder for s in stages.all_stages()})
+
+
+def execution(group, path):
+    """The execution test's case for one notebook: the stages it runs, and the executed copy it
+    leaves for the book."""
+    return pytest.param(path, id=f"{group}-{path.stem}",
+                        marks=[pytest.mark.reaches(*sorted(stages_run_by(path))),
+                               pytest.mark.keeps(executed_copy(path))])
+
+
+def test_every_notebook_names_the_stages_it_runs():
+    # A stage notebook imports its own stage; an appendix names the stage it builds on.
+    for path in NOTEBOOKS:
+        folders = stages_run_by(path)
+        assert folders, f"{path.name} names no stage: its kept result would stand for every file"
+        if not is_appendix(path):
+            assert stage_of(path).folder in folders, (path.name, folders)
+
+
+@pytest.mark.parametrize("path", [execution(group, path) for group, chosen in GROUPS.items()
+                                  for path in chosen])
+def test_notebooks_execute(capsys, path):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    chosen = GROUPS[group]
     lines = []
-    with subprocess.Popen([sys.executable, str(RUNNER), *(p.name for p in chosen)],
+    with subprocess.Popen([sys.executable, str(RUNNER), path.name],
                           env=runner_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
@@ -134,6 +164,5 @@ def test_notebooks_execute(capsys, group):
     output = "".join(lines)
     assert proc.returncode == 0, output[-6000:]
     # Every notebook draws at least one picture when it runs (none is committed).
-    executed = stages.build_root() / "notebooks"
-    without = [p.name for p in chosen if images_in(executed / p.name) == 0]
-    assert not without, f"executed notebooks without a picture (an image/png output): {without}"
+    assert images_in(executed_copy(path)) > 0, \
+        f"{path.name} executed without a picture (an image/png output)"

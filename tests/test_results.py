@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -30,6 +31,8 @@ def scope_digests(root, files):
     inputs = results.Inputs(results.tree(root), root)
     return {"stage b": inputs.scope("stages/02_b/test_b.py", set())[1],
             "tests/ on c": inputs.scope("tests/test_t.py", {"03_c"})[1],
+            "tests/ reading tomls": inputs.scope("tests/test_t.py", set(),
+                                                 ("stages/*/stage.toml",))[1],
             "tests/": inputs.scope("tests/test_t.py", set())[1]}
 
 
@@ -38,6 +41,7 @@ TREE = {
     "stages/01_a/a.cpp": "int a;\n",
     "stages/02_b/test_b.py": "# compiles 01_a's kernel\n",
     "stages/03_c/c.cpp": "int c;\n",
+    "stages/03_c/stage.toml": "title = 'c'\n",
     "common/w.py": "w = 1\n",
     "tests/test_t.py": "t = 1\n",
     "notebooks/n.ipynb": "{}\n",
@@ -58,12 +62,15 @@ def test_a_key_covers_what_the_test_can_reach(tmp_path):
         make_tree(tmp_path, TREE)
         return {kind for kind in before if after[kind] != before[kind]}
 
+    outside = {"tests/ on c", "tests/ reading tomls", "tests/"}
     assert changed("stages/01_a/a.cpp", "int a2;\n") == {"stage b", "tests/"}
     assert changed("stages/03_c/c.cpp", "int c2;\n") == {"tests/ on c", "tests/"}
-    assert changed("common/w.py", "w = 2\n") == {"stage b", "tests/ on c", "tests/"}
-    assert changed("tests/test_t.py", "t = 2\n") == {"tests/ on c", "tests/"}
-    assert changed("notebooks/n.ipynb", "[]\n") == {"tests/ on c", "tests/"}
-    assert changed("common/new.py", "") == {"stage b", "tests/ on c", "tests/"}  # untracked
+    assert changed("stages/03_c/stage.toml", "title = 'C'\n") == outside
+    assert changed("stages/01_a/stage.toml", "") == {"stage b", "tests/ reading tomls", "tests/"}
+    assert changed("common/w.py", "w = 2\n") == {"stage b", *outside}
+    assert changed("tests/test_t.py", "t = 2\n") == outside
+    assert changed("notebooks/n.ipynb", "[]\n") == outside
+    assert changed("common/new.py", "") == {"stage b", *outside}  # untracked
     assert changed("build/out.so", "") == set()  # ignored by git
 
 
@@ -71,6 +78,13 @@ def test_a_stage_named_by_number_is_reached(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     make_tree(tmp_path, {"stages/01_a/a.py": "", "stages/02_b/t.py": "stages.get(1)\n"})
     assert results.Inputs(results.tree(tmp_path), tmp_path).reach("02_b") == {"01_a", "02_b"}
+
+
+def test_the_stages_a_text_names():
+    folders = {"01_a", "02_b", "03_c", "04_d", "05_e"}
+    text = "see 01_a; import_stage(2).f()\nstages.get( 3 )\nimport_stage(4, quiet=False)\n06_f"
+    assert results.folders_named(text, folders) == {"01_a", "02_b", "03_c", "04_d"}
+    assert results.folders_named("stage(5), get(5), 5_e", folders) == set()
 
 
 def test_the_stages_a_test_names():
@@ -126,6 +140,28 @@ def test_only_a_test_that_passed_whole_is_kept(tmp_path):
     assert kept == {"passed"}
     record = plugin.store.get(hashlib.sha256(b"passed").hexdigest())
     assert record["nodeid"] == "passed" and record["s"] == 1.5
+
+
+def test_a_kept_result_keeps_what_its_test_leaves_for_a_later_step(tmp_path):
+    config = types.SimpleNamespace(option=types.SimpleNamespace())
+    plugin = results.Results(config, tmp_path / "store")
+    left = tmp_path / "build" / "n.ipynb"
+    left.parent.mkdir()
+    left.write_text("executed")
+    missing = tmp_path / "build" / "never-written.ipynb"
+    keys = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("left", "left nothing")}
+    for name, outputs in (("left", [left]), ("left nothing", [left, missing])):
+        plugin.keys[name], plugin.outputs[name] = keys[name], outputs
+        for when in ("setup", "call", "teardown"):
+            plugin.pytest_runtest_logreport(report(name, when, "passed"))
+    # A test that did not leave what it says it leaves is not kept: it runs again next time.
+    assert plugin.store.get(keys["left"]) and not plugin.store.get(keys["left nothing"])
+    left.unlink()
+    before = time.time()
+    assert plugin.store.restore_outputs(keys["left"], [left])
+    assert left.read_text() == "executed" and left.stat().st_mtime >= before - 1
+    assert not plugin.store.restore_outputs(keys["left"], [left, missing])
+    assert not plugin.store.restore_outputs(keys["left nothing"], [left])
 
 
 def test_a_test_sees_no_results_folder():

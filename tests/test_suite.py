@@ -28,9 +28,10 @@ def test_make_test_runs_the_timed_notebooks_alone_with_the_same_markers_as_tests
     parts = suite.parts_for(["all"])
     alone = [p for p in parts if p.alone]
     assert [p.paths for p in alone] == [[suite.NOTEBOOKS_TEST]]
-    untimed = "tests/test_notebooks.py::test_notebooks_execute[untimed]"
-    assert untimed in alone[0].options  # deselected there: it runs beside the other parts
-    assert [p for p in parts if p.paths == [suite.REPO / untimed]]
+    # The untimed notebooks run in a part of their own, beside the others; not again alone.
+    beside = [p for p in parts if not p.alone and p.paths == [suite.NOTEBOOKS_TEST]]
+    assert beside[0].options[-2:] == ["-k", suite.UNTIMED_NOTEBOOKS]
+    assert alone[0].options[-2:] == ["-k", f"not ({suite.UNTIMED_NOTEBOOKS})"]
     tests = [p for p in parts if suite.REPO / "tests" in p.paths]
     assert len(tests) == 1 and str(suite.NOTEBOOKS_TEST) in tests[0].options
     for p in parts[-3:]:
@@ -103,11 +104,18 @@ def test_the_test_processes_keep_freed_memory_unless_told_otherwise():
 
 
 def test_the_alone_part_does_not_run_the_untimed_notebooks_again():
-    # pytest itself says which tests the part's options select: the deselected id must match.
-    alone = next(p for p in suite.parts_for(["all"]) if p.alone)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           *map(str, alone.paths), *alone.options], cwd=suite.REPO,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "test_notebooks_execute[timed]" in proc.stdout
-    assert "test_notebooks_execute[untimed]" not in proc.stdout
+    # pytest itself says which tests each part's options select: the -k expressions must match.
+    def collected(part):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                               *map(str, part.paths), *part.options], cwd=suite.REPO,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    parts = [p for p in suite.parts_for(["all"]) if p.paths == [suite.NOTEBOOKS_TEST]]
+    alone, beside = collected(parts[1]), collected(parts[0])
+    assert parts[1].alone and not parts[0].alone
+    assert "test_notebooks_execute[timed-01_z2xy]" in alone
+    assert "test_notebooks_execute[untimed-" not in alone
+    assert "test_notebooks_execute[untimed-" in beside
+    assert "test_notebooks_execute[timed-" not in beside

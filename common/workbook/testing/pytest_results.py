@@ -19,7 +19,8 @@ not ignore), and of the environment below. What a test can reach is read from wh
   requirements, the Makefile, scripts/);
 * a test elsewhere (tests/) with a stage among its parameters (a ``Stage``, or an object with a
   ``stage``, as an op's implementation has), or marked ``reaches("NN_name", ...)``: those stages'
-  folders, as above, and every file outside ``stages/``;
+  folders, as above, and every file outside ``stages/``; a test marked ``reads("stages/*/x", ...)``
+  also (or only) the files of ``stages/`` that match those patterns;
 * any other test: every file.
 
 The environment: the interpreter and every installed distribution's version, the system's
@@ -33,6 +34,11 @@ collection, a test whose key has a row is taken out of the run and counted: the 
 ``N reused``, a closing line says how long those tests took when they ran, and the run log
 (workbook.measure.runlog) records it. A failed test is never kept, so it runs every time until it
 passes. ``--collect-only`` lists every test.
+
+**What a test leaves for later steps.** A test marked ``keeps(path, ...)`` writes those files for
+a later step to read (the notebook test's executed copies, which the book shows). They are kept
+with its result (<folder>/outputs/<key>/) and put back, as new files, when the result is reused;
+where one is missing from the store, the test runs.
 
 **Nested runs start afresh.** A test that runs pytest itself (a copy of the repository, a carved
 exercise, a check into an empty build folder) must prove it now: this process drops
@@ -48,6 +54,7 @@ a new folder) runs everything.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
 import hashlib
 import json
@@ -83,7 +90,16 @@ _VARIABLES = re.compile(r"(WORKBOOK_|TORCH|CUDA|NVIDIA_|OMP_|MKL_|KMP_|ASAN_|UBS
 _NOT_VARIABLES = {ENV, runlog.ENV, "WORKBOOK_CI_STEP", "WORKBOOK_TEST_JOBS",
                   "WORKBOOK_VERBOSE_BUILD", "WORKBOOK_EMULATE_QUIET"}
 _STAGE_FOLDER = re.compile(r"\b(\d{2}_[a-z0-9_]+)")
-_STAGE_NUMBER = re.compile(r"stages\.get\(\s*(\d+)\s*\)")
+_STAGE_NUMBER = re.compile(r"\b(?:stages\.get|import_stage)\(\s*(\d+)\s*[,)]")
+
+
+def folders_named(text: str, folders) -> set[str]:
+    """The stage folders among `folders` that `text` names: by folder name ("09_ms_deform_attn"),
+    or by number as ``stages.get(9)`` and a notebook's ``import_stage(9)`` take it."""
+    folders = set(folders)
+    by_number = {int(f[:2]): f for f in folders}
+    named = {m for m in _STAGE_FOLDER.findall(text) if m in folders}
+    return named | {by_number[int(n)] for n in _STAGE_NUMBER.findall(text) if int(n) in by_number}
 
 
 # -- the files ------------------------------------------------------------------------------------
@@ -131,13 +147,10 @@ class Inputs:
             if folder is not None:
                 by_stage.setdefault(folder, []).append(name)
         self.stage_digest = {f: _digest(files, names) for f, names in by_stage.items()}
-        numbers = {int(f[:2]): f for f in by_stage}
         names: dict[str, set[str]] = {}
         for folder, members in by_stage.items():
             text = "\n".join((repo / n).read_text(errors="replace") for n in members)
-            named = {m for m in _STAGE_FOLDER.findall(text) if m in by_stage}
-            named |= {numbers[int(n)] for n in _STAGE_NUMBER.findall(text) if int(n) in numbers}
-            names[folder] = named - {folder}
+            names[folder] = folders_named(text, by_stage) - {folder}
         self._names = names
         self._reach: dict[str, frozenset[str]] = {}
         outside = [n for n in files if stage_of_path(n) is None]
@@ -157,17 +170,26 @@ class Inputs:
             self._reach[folder] = frozenset(found)
         return self._reach[folder]
 
-    def scope(self, path: str, stages_named: set[str]) -> tuple[str, str]:
+    def scope(self, path: str, stages_named: set[str], reads=()) -> tuple[str, str]:
         """What a test in `path` (relative to the repository) can reach, as (a description, a
-        digest of it); `stages_named`: the stage folders among its parameters and marks."""
+        digest of it); `stages_named`: the stage folders among its parameters and marks;
+        `reads`: patterns of the files in stages/ it reads besides (its `reads` marks)."""
         own = stage_of_path(path)
         if own is not None:
             folders = self._union({own, *stages_named})
             return f"stages {', '.join(sorted(folders))}", self._with(folders, self.for_stages)
-        if stages_named:
+        if stages_named or reads:
             folders = self._union(stages_named)
-            return (f"stages {', '.join(sorted(folders))} and every file outside stages/",
-                    self._with(folders, self.outside_stages))
+            base = self.outside_stages
+            described = [f"stages {', '.join(sorted(folders))}"] if folders else []
+            if reads:
+                matching = [n for n in self.files if stage_of_path(n) is not None
+                            and any(fnmatch.fnmatchcase(n, p) for p in reads)]
+                base = hashlib.sha256(f"{base}\n{_digest(self.files, matching)}".encode()) \
+                    .hexdigest()
+                described.append(f"the files {', '.join(sorted(reads))}")
+            return (f"{', '.join(described)} and every file outside stages/",
+                    self._with(folders, base))
         return "every file", self.whole
 
     def _union(self, folders: set[str]) -> frozenset[str]:
@@ -240,6 +262,16 @@ def stages_named(item) -> set[str]:
     return found
 
 
+def files_read(item) -> tuple[str, ...]:
+    """The patterns of a test's `reads` marks: files of stages/ it reads, beyond its stages."""
+    return tuple(p for mark in item.iter_markers("reads") for p in mark.args)
+
+
+def files_kept(item) -> list[Path]:
+    """The files a test's `keeps` marks name, in order: what it leaves for a later step."""
+    return [Path(p) for mark in item.iter_markers("keeps") for p in mark.args]
+
+
 class Store:
     """The kept results: one SQLite database, <folder>/results.sqlite3, a row per key. A process
     writes its rows in batches (every BATCH tests, and at its end): a process that dies loses
@@ -289,9 +321,40 @@ class Store:
         with contextlib.closing(self._connect()) as db, db:
             db.executemany("INSERT OR REPLACE INTO kept VALUES (?, ?, ?, ?, ?)", self._pending)
             if not self._pruned:
-                db.execute("DELETE FROM kept WHERE at < ?",
-                           (time.time() - self.KEEP_DAYS * 86400,))
+                old = (time.time() - self.KEEP_DAYS * 86400,)
+                for (key,) in db.execute("SELECT key FROM kept WHERE at < ?", old).fetchall():
+                    shutil.rmtree(self._outputs(key), ignore_errors=True)
+                db.execute("DELETE FROM kept WHERE at < ?", old)
         self._pending, self._pruned = [], True
+
+    # A kept test's outputs: <folder>/outputs/<key>/<n>-<name>, n its place among them.
+
+    def _outputs(self, key: str) -> Path:
+        return self.folder / "outputs" / key
+
+    def keep_outputs(self, key: str, paths: list[Path]) -> bool:
+        """Copies `paths` into the store beside `key`'s row; False (nothing kept) where one is
+        not a file."""
+        if not all(p.is_file() for p in paths):
+            return False
+        folder = self._outputs(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, path in enumerate(paths):
+            part = folder / f".{n}-{path.name}.{os.getpid()}"
+            shutil.copyfile(path, part)
+            os.replace(part, folder / f"{n}-{path.name}")
+        return True
+
+    def restore_outputs(self, key: str, paths: list[Path]) -> bool:
+        """Puts `key`'s kept outputs back at `paths`, as new files (their time now: a tool that
+        compares times with the sources sees them current); False where one is missing."""
+        kept = [self._outputs(key) / f"{n}-{path.name}" for n, path in enumerate(paths)]
+        if not all(k.is_file() for k in kept):
+            return False
+        for source, path in zip(kept, paths):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, path)
+        return True
 
 
 class Results:
@@ -302,6 +365,7 @@ class Results:
         self.store = Store(folder)
         self.keys: dict[str, str] = {}
         self.scopes: dict[str, str] = {}
+        self.outputs: dict[str, list[Path]] = {}  # what a test keeps for later steps
         self.reused: list[tuple[str, float]] = []
         self.seconds: dict[str, float] = {}
         self.failed: set[str] = set()  # a phase that did not pass, or an expected failure
@@ -325,19 +389,22 @@ class Results:
             path = _relative(item)
             if path is None or path not in files:  # a copy under build/, a file outside
                 continue
-            described, digest = inputs.scope(path, stages_named(item))
+            described, digest = inputs.scope(path, stages_named(item), files_read(item))
             keys[item.nodeid] = hashlib.sha256(
                 f"{env_digest}\n{digest}\n{item.nodeid}".encode()).hexdigest()
             self.scopes[item.nodeid] = described
         found = self.store.get_many(list(keys.values()))
         kept = []
         for item in items:
-            record = found.get(keys.get(item.nodeid, ""))
-            if record is not None and record["nodeid"] == item.nodeid:
+            key, outputs = keys.get(item.nodeid, ""), files_kept(item)
+            record = found.get(key)
+            if record is not None and record["nodeid"] == item.nodeid and \
+                    self.store.restore_outputs(key, outputs):
                 self.reused.append((item.nodeid, float(record["s"])))
                 continue
             if item.nodeid in keys:
-                self.keys[item.nodeid] = keys[item.nodeid]
+                self.keys[item.nodeid] = key
+                self.outputs[item.nodeid] = outputs
             kept.append(item)
         items[:] = kept
         if self.worker:
@@ -359,8 +426,9 @@ class Results:
             self.called.add(nodeid)
         if report.when != "teardown":
             return
-        key = self.keys.pop(nodeid, None)
-        if key is not None and nodeid in self.called and nodeid not in self.failed:
+        key, outputs = self.keys.pop(nodeid, None), self.outputs.pop(nodeid, [])
+        if key is not None and nodeid in self.called and nodeid not in self.failed and \
+                self.store.keep_outputs(key, outputs):
             self.store.put(key, nodeid, self.seconds[nodeid], self.scopes.get(nodeid, ""))
         for seen in (self.failed, self.called):
             seen.discard(nodeid)
@@ -423,6 +491,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "reaches(*stage_folders): the stages a test outside them runs (its results "
         "are kept while those stages and the files outside stages/ are unchanged)")
+    config.addinivalue_line(
+        "markers", "reads(*patterns): files of stages/ a test outside them reads (glob patterns "
+        "relative to the repository, 'stages/*/stage.toml'), kept in its key as reaches' stages")
+    config.addinivalue_line(
+        "markers", "keeps(*paths): files a test writes for a later step to read, kept with its "
+        "result and put back when the result is reused")
     worker_input = getattr(config, "workerinput", None)
     if worker_input is not None:
         folder = worker_input.get(_WORKER_INPUT, "")

@@ -124,6 +124,9 @@ def _short(path: Path) -> str:
 # tests/ without the marked tests that have targets of their own (see the module docstring).
 TESTS_OPTIONS = ["-m", "not template and not exercises and not book and not standalone"]
 NOTEBOOKS_TEST = REPO / "tests" / "test_notebooks.py"
+# Its execution cases of the notebooks that time nothing (ids "untimed-<notebook>"), as -k takes
+# them: they run beside the other parts, the rest of the file alone.
+UNTIMED_NOTEBOOKS = "test_notebooks_execute and untimed"
 
 
 def parts_for(targets: list[str]) -> list[Part]:
@@ -131,14 +134,12 @@ def parts_for(targets: list[str]) -> list[Part]:
     stages named (numbers or folders)."""
     if targets == ["all"]:
         chosen = stages.all_stages()
-        # A node id as pytest prints it: --deselect matches it from the rootdir (the repository).
-        untimed = f"{NOTEBOOKS_TEST.relative_to(REPO)}::test_notebooks_execute[untimed]"
         extra = [Part("tests/ (tools, benchmark, matrices)", [REPO / "tests"],
                       [*TESTS_OPTIONS, "--ignore", str(NOTEBOOKS_TEST)]),
-                 Part("tests/test_notebooks.py: notebooks that time nothing", [REPO / untimed],
-                      list(TESTS_OPTIONS)),
+                 Part("tests/test_notebooks.py: notebooks that time nothing", [NOTEBOOKS_TEST],
+                      [*TESTS_OPTIONS, "-k", UNTIMED_NOTEBOOKS]),
                  Part("tests/test_notebooks.py (alone: they time code)", [NOTEBOOKS_TEST],
-                      [*TESTS_OPTIONS, "--deselect", untimed], alone=True)]
+                      [*TESTS_OPTIONS, "-k", f"not ({UNTIMED_NOTEBOOKS})"], alone=True)]
     else:
         chosen, extra = [stages.get(t) for t in targets], []
     return [Part(s.label, [s.source_dir]) for s in chosen] + extra
