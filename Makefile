@@ -254,7 +254,7 @@ wheel: $(ENV_READY)
 	@ls -1 $(REPO)/dist/*.whl
 
 # That wheel, built once, tested under the pinned torch and under torch 2.13.0 (TORCH=2.x.y for
-# another) in a throwaway venv under build/abi-check/: scripts/abi_check.py says how.
+# another) in a venv kept in ~/.cache/workbook/abi-check/: scripts/abi_check.py says how.
 abi-check: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/abi_check.py $(if $(TORCH),--torch $(TORCH))
 

@@ -7,9 +7,11 @@ rebuild between them: the proof that the stable ABI makes one binary.
 1. `pip wheel` builds stages/10_stable_abi once, with this environment's torch, into dist/: an
    abi3 wheel (checked by its name), CPU-only (WORKBOOK_NO_CUDA=1: the second torch is a CPU
    build; its CUDA tests skip in both runs, WORKBOOK_CUDA=off, saying why).
-2. A throwaway venv under build/abi-check/ gets the second torch (pip takes 2.13.0 from this
-   machine's disk, a CPU-only build) and the tests' own requirements (pytest, numpy, ONNX),
-   while the wheel builds.
+2. A venv gets the second torch (pip takes 2.13.0 from this machine's disk, a CPU-only build)
+   and the tests' own requirements (pytest, numpy, ONNX), while the wheel builds. It holds
+   nothing of the repository, so it is made once per machine and kept in the user's cache
+   (~/.cache/workbook/abi-check/, named by a hash of the interpreter and the versions it holds):
+   every clone reuses it while it imports them.
 3. The one wheel is installed, unchanged, beside each torch (pip install --target), and stage 10's
    tests run on that installed package (WORKBOOK_INSTALLED: workbook.build.loader imports it
    instead of building the stage), once per torch, the two runs side by side.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -88,19 +92,31 @@ def build_wheel(stage: stages.Stage) -> Path:
     return wheels[0]
 
 
+def venvs() -> Path:
+    """Where the second torch's venvs are kept: the user's cache, shared by every clone."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "workbook" / \
+        "abi-check"
+
+
 def python_with_torch(version: str) -> Path:
-    """A venv under build/abi-check/ with torch `version` and the tests' requirements; made once,
-    reused while it imports that torch."""
-    folder = stages.build_root() / "abi-check" / f"torch-{version}"
+    """A venv with torch `version` and the tests' pinned requirements, kept under venvs() by a
+    hash of this interpreter's version and those pins; made once (one process at a time: a lock
+    file beside it), reused while it imports them."""
+    wanted = [f"torch=={version}", *pins(TEST_REQUIREMENTS)]
+    digest = hashlib.sha256("\n".join([sys.version, *wanted]).encode()).hexdigest()[:12]
+    folder = venvs() / f"torch-{version}-{digest}"
     python = folder / "bin" / "python"
     probe = [python, "-c", "import torch, pytest, onnxscript, onnxruntime, transformers"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    say(f"creating {folder} with torch=={version} (a minute or two)")
-    shutil.rmtree(folder, ignore_errors=True)
-    venv.create(folder, with_pip=True)
-    run([python, "-m", "pip", "install", "--quiet", f"torch=={version}",
-         *pins(TEST_REQUIREMENTS)])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:  # closed: unlocked
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+            say(f"torch {version}'s venv, kept: {folder}")
+            return python
+        say(f"creating {folder} with {' '.join(wanted)} (a minute or two; kept for next time)")
+        shutil.rmtree(folder, ignore_errors=True)
+        venv.create(folder, with_pip=True)
+        run([python, "-m", "pip", "install", "--quiet", *wanted])
     return python
 
 
