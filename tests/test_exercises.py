@@ -424,6 +424,43 @@ def test_a_race_in_an_exercise_marks_it_and_waits_the_others(tmp_path, capsys):
     assert "NOT DONE: tile-loop" in out
 
 
+def test_a_failure_is_pinned_on_an_exercise_only_by_a_test_of_its_own(tmp_path, capsys):
+    """Stage 04's three kernels share test_against_reference. A fault in the forward fails it,
+    and the forward's own test_matches_the_cpu_extension_of_stage_02: the forward FAILS, and the
+    backward and the launch, whose failing tests the forward shares, wait for it. A failure of a
+    shared test alone marks each exercise that shares it, saying so."""
+    s = stages.get(4)
+    work = exercises.carve(s, tmp_path / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    wrong = "AssertionError: against the float64 reference:&#10;output new_h: max |error| 0.4"
+
+    def summarise(failing):
+        tests = ["test_against_reference", "test_matches_the_cpu_extension_of_stage_02",
+                 "test_edge_cases", "test_gradcheck"]
+        report = exercises.Report(s, True, junit(tmp_path, [
+            (f"{t}[emulated_cuda-float32-b1]", "failed" if t in failing else "passed",
+             wrong if t in failing else "") for t in tests], file="test_lltm_cuda_raw.py"))
+        exercises._summarise(report, exercises.find(s), work, 1.0)
+        return report, capsys.readouterr().out
+
+    forward, backward, launch = (e.name for e in exercises.find(s))
+    report, out = summarise({"test_against_reference", "test_matches_the_cpu_extension_of_stage_02",
+                             "test_edge_cases"})
+    assert report.status == {forward: "FAILS", backward: "waiting", launch: "waiting"}
+    assert "its tests passing: test_against_reference 0/1, test_gradcheck 1/1" in out
+    assert f"(its failing tests check {forward} too, which fails a test of its own: fix that " \
+           f"first)" in out
+    assert report.exit_code == 1 and f"NOT DONE: {forward} ({backward}, {launch}: no " in out
+
+    report, out = summarise({"test_against_reference"})
+    assert set(report.status.values()) == {"FAILS"}
+    assert f"(its failing tests check {backward}, {launch} too: any of them may be wrong)" in out
+
+    report, out = summarise({"test_gradcheck"})
+    assert report.status == {forward: "ok", backward: "FAILS", launch: "ok"}
+    assert "may be wrong" not in out
+
+
 def test_a_gpu_exercise_not_run_here_is_said_so(tmp_path, capsys):
     s = stages.get(4)
     work = exercises.carve(s, tmp_path / s.folder, quiet=True)

@@ -846,6 +846,34 @@ def _races_in(races: list, path: str, region: tuple[int, int] | None) -> list:
                                     for _, p, line in r.accesses)]
 
 
+def _own(e: Exercise, ids: Sequence[str], by_function: dict[str, list[Result]],
+         report: Report) -> list[Result]:
+    """The results of the tests that check `e` (`ids`), and of those that stopped at its TODO."""
+    own = [r for t in ids for r in by_function.get(t, [])]
+    own += [r for r in report.failed() if f"exercise {e.name} is not done" in r.message]
+    own = list({r.test: r for r in own}.values())
+    # A test function may run on several devices: the cases whose parameters name the other
+    # device (cpu for code in a CUDA file, cuda for the rest) are not this exercise's.
+    other = {"cpu"} if e.gpu_only else {"cuda", "emulated_cuda"}
+    return [r for r in own if not other & set(re.split(r"[-\[\]]", r.test.partition("[")[2]))]
+
+
+def _failing(e: Exercise, found: Sequence[Exercise], own: list[Result],
+             raced: dict[str, list]) -> tuple[list[Result], list[str], list[str]]:
+    """`e`'s failures that may be its own, the exercises whose TODO the others stop at, and the
+    other exercises with a race. Failures that stop at another exercise's TODO say nothing about
+    this one. Nor do any while another exercise has a race: a kernel with a race computes
+    anything, and the kernels of a stage feed each other."""
+    failed = [r for r in own if r.outcome == "failed"]
+    blockers = sorted({o.name for r in failed for o in found
+                       if o is not e and f"exercise {o.name} is not done" in r.message})
+    racing = [o.name for o in found if o is not e and raced[o.name]]
+    if racing:
+        return [], blockers, racing
+    return [r for r in failed if not any(f"exercise {name} is not done" in r.message
+                                         for name in blockers)], blockers, racing
+
+
 def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: float) -> None:
     s, results = report.stage, report.results
     counts = {k: sum(r.outcome == k for r in results) for k in ("failed", "passed", "skipped")}
@@ -858,6 +886,16 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
     attributed: set[str] = set()
     placed: set[int] = set()  # the races an exercise's region holds
     raced = {e.name: _races_in(report.races, e.relpath, _region(work, e)) for e in found}
+    ids = {e.name: [t for t in e.checked_by if "::" in t] or list(by_function) for e in found}
+    # A test that checks several exercises cannot tell which of them is wrong: an exercise FAILS
+    # by a test of its own; by shared tests alone only while none of the others sharing them
+    # fails one of its own (then the failure is likely theirs, and this one waits).
+    sharing = {e.name: {t: [o.name for o in found if o is not e and t in ids[o.name]]
+                        for t in ids[e.name]} for e in found}
+    failing = {e.name: _failing(e, found, _own(e, ids[e.name], by_function, report), raced)
+               for e in found}
+    fails_alone = {name for name, (failed, _, _) in failing.items()
+                   if any(not sharing[name].get(r.function) for r in failed)}
     for e in found:
         mine = work / e.relpath
         try:
@@ -866,34 +904,20 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
             print(f"  ({error})")
             body = None
         placed.update(id(r) for r in raced[e.name])
-        ids = [t for t in e.checked_by if "::" in t] or list(by_function)
-        own = [r for t in ids for r in by_function.get(t, [])]
-        own += [r for r in report.failed() if f"exercise {e.name} is not done" in r.message]
-        own = list({r.test: r for r in own}.values())
-        # A test function may run on several devices: the cases whose parameters name the other
-        # device (cpu for code in a CUDA file, cuda for the rest) are not this exercise's.
-        other = {"cpu"} if e.gpu_only else {"cuda", "emulated_cuda"}
-        own = [r for r in own
-               if not other & set(re.split(r"[-\[\]]", r.test.partition("[")[2]))]
+        own = _own(e, ids[e.name], by_function, report)
         attributed.update(r.test for r in own if r.outcome == "failed")
         failed = [r for r in own if r.outcome == "failed"]
         ran = [r for r in own if r.outcome != "skipped"]
-        # Failures that stop at another exercise's TODO say nothing about this one. Nor do any
-        # while another exercise has a race: a kernel with a race computes anything, and the
-        # kernels of a stage feed each other.
-        blockers = sorted({o.name for r in failed for o in found
-                           if o is not e and f"exercise {o.name} is not done" in r.message})
-        racing = [o.name for o in found if o is not e and raced[o.name]]
-        blocked = failed if racing else [
-            r for r in failed
-            if any(f"exercise {name} is not done" in r.message for name in blockers)]
+        unblocked, blockers, racing = failing[e.name]
+        shared = sorted({o for r in unblocked for o in sharing[e.name].get(r.function, ())})
+        culprits = sorted(fails_alone & set(shared))
         if body is None:
             status = "markers gone"
         elif f"TODO(exercise {e.name})" in body:
             status = "TODO"
         elif raced[e.name]:
             status = "RACE"
-        elif len(blocked) < len(failed):
+        elif unblocked and (e.name in fails_alone or not culprits):
             status = "FAILS"
         elif failed:
             status = "waiting"
@@ -905,7 +929,7 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
             status = "ok"
         report.status[e.name] = status
         tally = ", ".join(_tally(t.split("::")[-1], [r for r in own if r.function == t])
-                          for t in ids if any(r.function == t for r in own))
+                          for t in ids[e.name] if any(r.function == t for r in own))
         print(f"  {e.name:<{width}}  {status:<12} {e.where}\n  {'':<{width}}  "
               f"{'its tests passing: ' + tally if tally else 'none of its tests ran'}")
         for race in raced[e.name]:
@@ -916,9 +940,16 @@ def _summarise(report: Report, found: Sequence[Exercise], work: Path, seconds: f
         elif status == "waiting" and racing:
             print(f"  {'':<{width}}  (its tests may fail through the race in "
                   f"{', '.join(racing)}: fix that first)")
+        elif status == "waiting" and unblocked:
+            print(f"  {'':<{width}}  (its failing tests check {', '.join(culprits)} too, which "
+                  f"{'fails' if len(culprits) == 1 else 'fail'} a test of "
+                  f"{'its' if len(culprits) == 1 else 'their'} own: fix that first)")
         elif status == "waiting":
             print(f"  {'':<{width}}  (its failing tests stop at the TODO of "
                   f"{', '.join(blockers)}: they need that too)")
+        elif status == "FAILS" and e.name not in fails_alone and shared:
+            print(f"  {'':<{width}}  (its failing tests check {', '.join(shared)} too: any of "
+                  f"them may be wrong)")
     failed_functions = sorted({r.function for r in report.failed()})
     if failed_functions:
         print(f"  failing properties (a message each; `make verify {s.number} "
