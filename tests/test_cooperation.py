@@ -27,6 +27,9 @@ import torch
 
 from workbook.build import emulate, stages
 
+# Its kernels are its own (tests/kernels/): it runs no stage (workbook.testing.pytest_results
+# keeps its results while the files outside stages/ are unchanged).
+pytestmark = pytest.mark.reaches()
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = [KERNELS / "cooperating.cu", KERNELS / "planted_faults.cu"]
 # The orders a correct kernel must not notice: blocks shared out among CPU threads (unset), in

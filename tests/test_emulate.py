@@ -18,6 +18,19 @@ from workbook.build import builder, emulate, stages
 
 pytest_plugins = ["pytester"]
 
+
+def mutated_stage() -> stages.Stage:
+    """The stage whose CUDA kernels the mutation tests copy and change: the first with the
+    deformable convolution's CUDA glue (stage 07)."""
+    return next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
+                and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
+
+
+# What this file's tests run of the stages: the mutated stage's build (and what it compiles), and
+# one test reads every CUDA stage's plan. Its kept results (workbook.testing.pytest_results)
+# stand while those are unchanged.
+pytestmark = pytest.mark.reaches(mutated_stage().folder)
+
 # -- the source pass, on text ---------------------------------------------------------------------
 
 
@@ -113,6 +126,7 @@ def test_the_setting_is_read_and_checked(monkeypatch):
         emulate.setting()
 
 
+@pytest.mark.reaches(*(s.folder for s in stages.all_stages() if s.cuda))
 def test_every_cuda_stage_has_a_plan_for_its_kernels():
     cuda = [s for s in stages.all_stages() if s.cuda]
     assert cuda, "no CUDA stage found"
@@ -262,8 +276,7 @@ def mutant_script(folder, mutation: tuple[str, str], build_dir) -> str:
     """MUTANT_CHECKS, run on a copy of stage 07's CUDA glue and kernel header with `mutation`
     (old, new) applied once to the kernels, built into build_dir beside the stage's own
     (ordinary) library."""
-    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda
-                 and any(p.name == "deform_conv2d_cuda.cu" for p in emulate.plan(s).sources))
+    stage = mutated_stage()
     glue = next(p for p in emulate.plan(stage).sources if p.name == "deform_conv2d_cuda.cu")
     kernels = glue.with_suffix(".cuh")
     text = kernels.read_text()
@@ -279,7 +292,7 @@ def mutant_script(folder, mutation: tuple[str, str], build_dir) -> str:
 def mutant_env(env: dict | None = None) -> dict:
     """`env` (this process's by default) with stage 07's ordinary build first on PYTHONPATH, where
     MUTANT_CHECKS imports extops from."""
-    stage = next(s for s in stages.all_stages() if "deform_conv2d" in s.ops and s.cuda)
+    stage = mutated_stage()
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stage.lib_dir),
                                                       env.get("PYTHONPATH", "")]))

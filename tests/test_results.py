@@ -33,6 +33,7 @@ def scope_digests(root, files):
             "tests/ on c": inputs.scope("tests/test_t.py", {"03_c"})[1],
             "tests/ reading tomls": inputs.scope("tests/test_t.py", set(),
                                                  ("stages/*/stage.toml",))[1],
+            "tests/ on no stage": inputs.scope("tests/test_t.py", set(), ())[1],
             "tests/": inputs.scope("tests/test_t.py", set())[1]}
 
 
@@ -62,10 +63,10 @@ def test_a_key_covers_what_the_test_can_reach(tmp_path):
         make_tree(tmp_path, TREE)
         return {kind for kind in before if after[kind] != before[kind]}
 
-    outside = {"tests/ on c", "tests/ reading tomls", "tests/"}
+    outside = {"tests/ on c", "tests/ reading tomls", "tests/ on no stage", "tests/"}
     assert changed("stages/01_a/a.cpp", "int a2;\n") == {"stage b", "tests/"}
     assert changed("stages/03_c/c.cpp", "int c2;\n") == {"tests/ on c", "tests/"}
-    assert changed("stages/03_c/stage.toml", "title = 'C'\n") == outside
+    assert changed("stages/03_c/stage.toml", "title = 'C'\n") == outside - {"tests/ on no stage"}
     assert changed("stages/01_a/stage.toml", "") == {"stage b", "tests/ reading tomls", "tests/"}
     assert changed("common/w.py", "w = 2\n") == {"stage b", *outside}
     assert changed("tests/test_t.py", "t = 2\n") == outside
@@ -99,6 +100,11 @@ def test_the_stages_a_test_names():
     assert results.stages_named(item({"target": implementation})) == {"05_cuda_accessors"}
     assert results.stages_named(item({"op": "lltm"})) == set()
     assert results.stages_named(item({}, [pytest.mark.reaches("01_z2xy").mark])) == {"01_z2xy"}
+    # What it reads of stages/ besides: nothing said (None: any file), nothing, or some files.
+    assert results.files_read(item({"s": s})) is None
+    assert results.files_read(item({}, [pytest.mark.reaches().mark])) == ()
+    assert results.files_read(item({}, [pytest.mark.reads("stages/*/x", "y").mark])) == \
+        ("stages/*/x", "y")
 
 
 def test_the_environment_has_the_variables_that_matter_without_the_clones_path(monkeypatch):

@@ -15,6 +15,10 @@ import torch
 
 from workbook.build import builder, stages
 
+# Of the stages, the round trip builds stage 1 and the doctor reads what describes every stage
+# (their kept results, workbook.testing.pytest_results, stand while those are unchanged).
+pytestmark = [pytest.mark.reaches(stages.get(1).folder), pytest.mark.reads("stages/*/stage.toml")]
+
 REPO = Path(__file__).resolve().parents[1]
 FIX_ABI = REPO / "scripts" / "fix_abi.sh"
 DOCTOR = REPO / "scripts" / "doctor.py"

@@ -20,7 +20,8 @@ not ignore), and of the environment below. What a test can reach is read from wh
 * a test elsewhere (tests/) with a stage among its parameters (a ``Stage``, or an object with a
   ``stage``, as an op's implementation has), or marked ``reaches("NN_name", ...)``: those stages'
   folders, as above, and every file outside ``stages/``; a test marked ``reads("stages/*/x", ...)``
-  also (or only) the files of ``stages/`` that match those patterns;
+  also (or only) the files of ``stages/`` that match those patterns; one marked ``reaches()``,
+  naming no stage, only the files outside ``stages/``;
 * any other test: every file.
 
 The environment: the interpreter and every installed distribution's version, the system's
@@ -170,15 +171,16 @@ class Inputs:
             self._reach[folder] = frozenset(found)
         return self._reach[folder]
 
-    def scope(self, path: str, stages_named: set[str], reads=()) -> tuple[str, str]:
+    def scope(self, path: str, stages_named: set[str], reads=None) -> tuple[str, str]:
         """What a test in `path` (relative to the repository) can reach, as (a description, a
         digest of it); `stages_named`: the stage folders among its parameters and marks;
-        `reads`: patterns of the files in stages/ it reads besides (its `reads` marks)."""
+        `reads`: patterns of the files in stages/ it reads besides (its `reads` marks), or None
+        where it says nothing of what it reads (no `reads` or `reaches` mark)."""
         own = stage_of_path(path)
         if own is not None:
             folders = self._union({own, *stages_named})
             return f"stages {', '.join(sorted(folders))}", self._with(folders, self.for_stages)
-        if stages_named or reads:
+        if stages_named or reads is not None:
             folders = self._union(stages_named)
             base = self.outside_stages
             described = [f"stages {', '.join(sorted(folders))}"] if folders else []
@@ -188,7 +190,8 @@ class Inputs:
                 base = hashlib.sha256(f"{base}\n{_digest(self.files, matching)}".encode()) \
                     .hexdigest()
                 described.append(f"the files {', '.join(sorted(reads))}")
-            return (f"{', '.join(described)} and every file outside stages/",
+            return ("".join(f"{d}, " for d in described[:-1]) +
+                    (f"{described[-1]} and " if described else "") + "every file outside stages/",
                     self._with(folders, base))
         return "every file", self.whole
 
@@ -262,9 +265,14 @@ def stages_named(item) -> set[str]:
     return found
 
 
-def files_read(item) -> tuple[str, ...]:
-    """The patterns of a test's `reads` marks: files of stages/ it reads, beyond its stages."""
-    return tuple(p for mark in item.iter_markers("reads") for p in mark.args)
+def files_read(item) -> tuple[str, ...] | None:
+    """The patterns of a test's `reads` marks: files of stages/ it reads beyond the stages it
+    reaches; None where it has neither a `reads` nor a `reaches` mark (nothing said: it may read
+    any file)."""
+    marks = [*item.iter_markers("reads")]
+    if not marks and next(iter(item.iter_markers("reaches")), None) is None:
+        return None
+    return tuple(p for mark in marks for p in mark.args)
 
 
 def files_kept(item) -> list[Path]:
@@ -489,8 +497,9 @@ def _relative(item) -> str | None:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "reaches(*stage_folders): the stages a test outside them runs (its results "
-        "are kept while those stages and the files outside stages/ are unchanged)")
+        "markers", "reaches(*stage_folders): the stages a test outside them runs, none where "
+        "it names none (its results are kept while those stages and the files outside stages/ "
+        "are unchanged)")
     config.addinivalue_line(
         "markers", "reads(*patterns): files of stages/ a test outside them reads (glob patterns "
         "relative to the repository, 'stages/*/stage.toml'), kept in its key as reaches' stages")
