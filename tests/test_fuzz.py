@@ -23,9 +23,10 @@ from workbook.net import fuzz
 
 IMPLEMENTATIONS = [i for i in ops.implementations() if ops.part(i.op, "fuzz") is not None]
 
-# One test per op and stage, named for both: test_lltm_at_stage_05.
+# One test per op and stage, named for both: test_lltm_at_stage_05. Each runs its stage alone (its
+# kept result, workbook.testing.pytest_results, stands while that stage is unchanged).
 for _implementation in IMPLEMENTATIONS:
-    _test = fuzz.test_of(_implementation)
+    _test = pytest.mark.reaches(_implementation.stage.folder)(fuzz.test_of(_implementation))
     globals()[_test.__name__] = _test
 
 
