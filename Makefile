@@ -175,10 +175,11 @@ exercise: $(ENV_READY)
 	else $(PY) -m workbook.teaching.exercises carve $(STAGE) $(if $(filter 1 yes true,$(RESET)),--reset); fi
 
 # `make verify 2`: builds exercises/02_lltm_cpp under build/exercises/ and runs stage 2's tests on it
-# (PYTEST_ARGS="--tb=short -x": pytest options, say for the tracebacks).
+# (PYTEST_ARGS="--tb=short -x": pytest options, say for the tracebacks; TEST='file::test[case]':
+# that test alone; SANITIZE=1: built with ASan and UBSan, whose report names a bad access's line).
 verify: $(ENV_READY)
-	@if [ -z "$(STAGE)" ]; then echo "usage: make verify N [ONLY=exercise]   (after make exercise N)"; exit 2; fi
-	@$(PY) -m workbook.teaching.exercises verify $(STAGE) $(if $(ONLY),--only $(ONLY)) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+	@if [ -z "$(STAGE)" ]; then echo "usage: make verify N [ONLY=exercise] [TEST=id] [SANITIZE=1]   (after make exercise N)"; exit 2; fi
+	@$(PY) -m workbook.teaching.exercises verify $(STAGE) $(if $(ONLY),--only $(ONLY)) $(if $(TEST),--test '$(TEST)') $(if $(filter 1 yes true,$(SANITIZE)),--sanitize) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # Every stage carved in a temporary folder and built under build/test-exercises/: the copy builds
 # and fails the tests of its exercises (without a GPU the CUDA exercises run on the emulated CUDA

@@ -4,6 +4,7 @@ minutes), every stage carved for real: the copy builds, and fails the tests of i
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -559,6 +560,68 @@ def test_a_carved_stage_builds_and_fails_its_exercises_tests(s, tmp_path):
         done = "compiled" if nvcc else f"not even compiled ({toolkit.reason()})"
         pytest.skip(f"{', '.join(e.name for e in not_here)} {done} but not run: the tests of "
                     f"CUDA code need a GPU ({testing.NO_CUDA})")
+
+
+def test_a_signal_is_told_with_what_it_means_for_a_kernel():
+    assert exercises._signal_of(-6) == exercises._signal_of(134) == "SIGABRT"
+    assert exercises._signal_of(-11) == "SIGSEGV"
+    assert all(exercises._signal_of(code) is None for code in (0, 1, 2, 5, 128))
+    s = stages.get(4)
+    words = exercises._crash_words(s, -11, "test_x.py::test_y[cuda-b1]", sanitized=False)
+    assert "died of SIGSEGV (a read or write of memory the process does not have) while " \
+           "running test_x.py::test_y[cuda-b1]." in words
+    assert "index out of bounds" in words
+    assert "`make verify 4 SANITIZE=1 TEST='test_x.py::test_y[cuda-b1]'`" in words
+    assert "before any test started" in exercises._crash_words(s, -6, None, sanitized=False)
+
+
+@pytest.mark.exercises
+def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
+    """A test that kills its process (here by abort(), as glibc does on a corrupted heap): the
+    summary names that test, says what the signal means and how to find the line."""
+    s = stages.get(1)
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    (work / "test_dies.py").write_text("import os\n\n\ndef test_passes():\n    pass\n\n\n"
+                                       "def test_dies():\n    os.abort()\n")
+    base = stages.empty_build_folder("test-exercises", f"{s.folder}-dies")
+    report = exercises.verify(s, work, base=base, tests=["test_dies.py"])
+    out = capsys.readouterr().out
+    assert report.exit_code not in (0, 1), report.exit_code
+    assert "died of SIGABRT" in out and "while running test_dies.py::test_dies." in out, out[-3000:]
+    assert "`make verify 1 SANITIZE=1 TEST='test_dies.py::test_dies'`" in out
+
+
+@pytest.mark.exercises
+def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsys):
+    """Stage 04's forward kernel with its guard one element short (`n > numel`): its last thread
+    writes past the outputs. `make verify 4 SANITIZE=1` names the kernel and a line of it in the
+    learner's copy: the write."""
+    from workbook.build import emulate
+
+    s = stages.get(4)
+    if not emulate.active():
+        pytest.skip("a GPU is visible: make verify runs the CUDA tests there, where "
+                    "AddressSanitizer does not see device code (WORKBOOK_CUDA=emulate forces the "
+                    "emulated device)")
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    e = exercises.get(s, "cuda-forward-kernel")
+    kernels = work / e.relpath
+    lines = kernels.read_text().splitlines(keepends=True)
+    guard = next(k for k in range(e.start, len(lines)) if "if (n >= numel) return;" in lines[k])
+    lines[guard] = lines[guard].replace("n >= numel", "n > numel")
+    kernels.write_text("".join(lines))
+    base = stages.empty_build_folder("test-exercises", f"{s.folder}-sanitize")
+    report = exercises.verify(s, work, base=base, sanitize=True,
+                              tests=["test_lltm_cuda_raw.py::test_against_reference"])
+    out = capsys.readouterr().out
+    assert report.exit_code != 0
+    first = next((ln for ln in out.splitlines() if "SANITIZE=1: 1 sanitizer report" in ln), "")
+    line = re.search(re.escape(e.relpath) + r":(\d+)", first)
+    assert "heap-buffer-overflow" in first and "in your code:" in first, out[-4000:]
+    assert "lltm_forward_kernel" in first and line, out[-4000:]
+    assert guard < int(line.group(1)) <= e.end + 1, (first, guard, e.end)
 
 
 @pytest.mark.exercises

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from workbook.build import stages
 from workbook.build.stages import REPO, Stage, build_root
+from workbook.testing import pytest_running
 
 WORK_DIR = REPO / "exercises"
 
@@ -671,16 +672,74 @@ class Report:
         return [r for r in self.results if r.outcome == "failed"]
 
 
-def _stream(cmd: list[str], env: dict, cwd: Path, rewrite: dict[str, str]) -> int:
+def _stream(cmd: list[str], env: dict, cwd: Path, rewrite: dict[str, str],
+            on_line=None) -> int:
     """Run cmd, printing its output as it comes with the build tree's paths shown as the work
-    copy's."""
+    copy's (and handing each line, so shown, to `on_line`)."""
     with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
         for line in proc.stdout:
             for old, new in rewrite.items():
                 line = line.replace(old, new)
             print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line)
     return proc.returncode
+
+
+# What a signal that ends a test process usually means, said for someone writing a kernel.
+SIGNALS = {
+    "SIGSEGV": "a read or write of memory the process does not have",
+    "SIGBUS": "a read or write of memory the process does not have",
+    "SIGABRT": "an abort: most often the C library finding its heap corrupted by a write past "
+               "the end of a buffer, or a failed check",
+    "SIGFPE": "an arithmetic fault: an integer division by zero",
+    "SIGKILL": "killed from outside: most often the machine out of memory, or a time limit",
+}
+
+
+def _signal_of(code: int) -> str | None:
+    """The signal that ended a process with exit status `code` (negative, as subprocess gives it,
+    or 128 + the signal, as a shell does), or None when it exited by itself."""
+    import signal
+
+    number = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _crash_words(s: Stage, code: int, test: str | None, sanitized: bool) -> str:
+    """What `make verify` says when the tests' process died of a signal: the test it died in,
+    what the signal usually means for a kernel, and how to find the line."""
+    name = _signal_of(code)
+    where = f"while running {test}" if test else "before any test started (at import or build)"
+    lines = [f"[verify] the tests' process died of {name} ({SIGNALS.get(name, 'a signal')}) "
+             f"{where}."]
+    if name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+        lines.append("[verify] in a kernel this is most often an index out of bounds: a guard or "
+                     "a loop one element too far (`>` for `>=`, `<=` for `<`), a wrong stride or "
+                     "offset, a grid that covers more than the tensor.")
+    if sanitized:
+        lines.append("[verify] (with SANITIZE=1 the sanitizer ends the process at the first bad "
+                     "access: its report is above)")
+    else:
+        only, which = (f" TEST='{test}'", "that test") if test else ("", "the tests")
+        lines.append(f"[verify] to find the line: `make verify {s.number} SANITIZE=1{only}` builds "
+                     f"your copy with AddressSanitizer and runs {which} on it: its report names "
+                     f"the kernel, the file and the line of the bad access.")
+    return "\n".join(lines)
+
+
+def _first_frame_in(report: str, work: Path) -> str | None:
+    """The first line of a sanitizer report's stack that is in the work copy: the kernel and
+    the file:line of the access."""
+    shown = _show(work)
+    return next((ln.strip() for ln in report.splitlines()
+                 if ln.lstrip().startswith("#") and shown in ln), None)
 
 
 def _read_junit(path: Path) -> list[Result]:
@@ -718,11 +777,14 @@ def _property(function: str) -> str:
 def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
           base: Path | None = None, pytest_args: Sequence[str] = (),
           tests: Sequence[str] | None = None, env: dict | None = None,
-          only: str | None = None) -> Report:
+          only: str | None = None, sanitize: bool = False) -> Report:
     """Build the work copy of stage N under its own build folder and run the stage's tests on it
-    (only `tests`, "file::function" ids, when given; only the tests that check the exercise
-    named `only`, when given); print a summary naming the exercises and properties that fail;
-    return the Report (exit_code 0: nothing failed)."""
+    (only `tests`, "file::function" or node ids, when given; only the tests that check the
+    exercise named `only`, when given); print a summary naming the exercises and properties that
+    fail; return the Report (exit_code 0: nothing failed). A process that dies of a signal is
+    named with the test it died in. `sanitize`: the copy built with AddressSanitizer and
+    UndefinedBehaviorSanitizer, in a build folder of its own, and the tests run under their
+    runtimes (workbook.net.sanitize): a bad access stops the run with a report naming its line."""
     s = stages.get(number_or_stage)
     work = work_copy(s) if work is None else Path(work)
     if not work.is_dir():
@@ -757,8 +819,15 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
         print("[verify] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
               "compiled for the CPU); nvcc is not used", flush=True)
         run_env["WORKBOOK_NO_CUDA"] = "1"
-    run_env.update(WORKBOOK_BUILD_DIR=str(base / "build"),
-                   TORCH_EXTENSIONS_DIR=str(base / "build" / "jit"), PYTHONUNBUFFERED="1")
+    builds = base / ("sanitize" if sanitize else "build")
+    run_env.update(WORKBOOK_BUILD_DIR=str(builds), TORCH_EXTENSIONS_DIR=str(builds / "jit"),
+                   PYTHONUNBUFFERED="1")
+    if sanitize:  # as the sanitizer pass builds a stage: CPU-only, CUDA kernels emulated
+        run_env.update(WORKBOOK_SANITIZE="1", WORKBOOK_NO_CUDA="1", CUDA_VISIBLE_DEVICES="",
+                       TORCHINDUCTOR_CACHE_DIR=str(builds / "inductor"))
+        print(f"[verify] SANITIZE=1: your copy built with AddressSanitizer and "
+              f"UndefinedBehaviorSanitizer into {_show(builds)}, its tests run under their "
+              f"runtimes; the first bad access stops the run with a report", flush=True)
     common = str(REPO / "common")
     if common not in run_env.get("PYTHONPATH", "").split(os.pathsep):
         run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [common, run_env.get("PYTHONPATH")]))
@@ -777,22 +846,49 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
 
     junit = base / "report.xml"
     junit.unlink(missing_ok=True)
+    running = base / "running.txt"  # the test that started last (workbook.testing.pytest_running)
+    running.unlink(missing_ok=True)
+    run_env[pytest_running.ENV] = str(running)
     targets = [str(copy / t) for t in dict.fromkeys(tests)] if tests else [str(copy)]
     # The copy is outside the repository, so its conftest.py is not found: its plugin by name.
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-c",
            str(REPO / "pyproject.toml"), "--rootdir", str(copy),
            "-p", "workbook.testing.pytest_emulated", "-p", "workbook.testing.pytest_timings",
-           f"--junitxml={junit}",
+           "-p", "workbook.testing.pytest_running", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", *targets, *pytest_args]
     print(f"[verify] running {s.label}'s tests on your copy: pytest "
           f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)
-    code = _stream(cmd, run_env, REPO, rewrite)
+    reports = None
+    if sanitize:
+        from workbook.net import sanitize as sanitizers
+
+        # The runtimes' reports go to the file descriptor, past pytest's capture of Python's.
+        cmd.insert(cmd.index(f"--junitxml={junit}"), "--capture=sys")
+        reports = sanitizers.Reports()
+        code = _stream(cmd, sanitizers.with_runtimes(run_env, sanitizers.runtimes()), REPO,
+                       rewrite, on_line=reports)
+    else:
+        code = _stream(cmd, run_env, REPO, rewrite)
     report.results = _read_junit(junit)
-    if code not in (0, 1):
+    died = _signal_of(code) is not None
+    if code not in (0, 1) and not died:
         print(f"[verify] pytest stopped with exit code {code} (see above)")
-    report.races = _racecheck(s, copy, cmd[:cmd.index(f"--junitxml={junit}")] + targets,
-                              run_env, rewrite)
+    if not sanitize:  # ThreadSanitizer and AddressSanitizer do not share a process
+        report.races = _racecheck(s, copy, cmd[:cmd.index(f"--junitxml={junit}")] + targets,
+                                  run_env, rewrite)
     _summarise(report, found, work, time.perf_counter() - start)
+    if reports is not None:
+        texts = reports.texts()
+        first = _first_frame_in(texts[0], work) if texts else None
+        kind = " ".join(m.group(0) for m in (re.search(r"\w*Sanitizer: [\w-]+", texts[0]),
+                                             re.search(r"\b(READ|WRITE) of size \d+", texts[0]))
+                        if m) if texts else ""
+        print(f"[verify] SANITIZE=1: {len(texts)} sanitizer report(s)" +
+              (f"; the first ({kind}), in your code: {first}" if first else
+               f"; the first ({kind}) is above" if texts else ": no bad access found"),
+              flush=True)
+    if died:
+        print(_crash_words(s, code, pytest_running.running(running), sanitize), flush=True)
     if code not in (0, 1):
         report.exit_code = code
     return report
@@ -1077,6 +1173,10 @@ def main(argv: list[str] | None = None) -> int:
     verifying.add_argument("stage", help="stage number or folder")
     verifying.add_argument("--only", metavar="EXERCISE",
                            help="run only the tests that check this exercise (its name)")
+    verifying.add_argument("--test", action="append", metavar="ID",
+                           help="run only this test (a pytest node id: file::test[case])")
+    verifying.add_argument("--sanitize", action="store_true",
+                           help="build the copy with ASan and UBSan and run its tests under them")
     revealing = sub.add_parser("reveal", help="put the solution of exercises back into your copy")
     revealing.add_argument("stage", help="stage number or folder")
     revealing.add_argument("names", nargs="*", help="exercise names (none: every exercise)")
@@ -1087,7 +1187,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "carve":
             carve(args.stage, reset=args.reset)
         elif args.command == "verify":
-            return verify(args.stage, pytest_args=extra, only=args.only).exit_code
+            return verify(args.stage, pytest_args=extra, only=args.only, tests=args.test,
+                          sanitize=args.sanitize).exit_code
         elif args.command == "reveal":
             done = reveal(args.stage, args.names)
             s = stages.get(args.stage)
