@@ -576,6 +576,7 @@ def test_a_signal_is_told_with_what_it_means_for_a_kernel():
 
 
 @pytest.mark.exercises
+@pytest.mark.reaches(stages.get(1).folder)
 def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
     """A test that kills its process (here by abort(), as glibc does on a corrupted heap): the
     summary names that test, says what the signal means and how to find the line."""
@@ -593,6 +594,7 @@ def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
 
 
 @pytest.mark.exercises
+@pytest.mark.reaches(stages.get(4).folder)
 def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsys):
     """Stage 04's forward kernel with its guard one element short (`n > numel`): its last thread
     writes past the outputs. `make verify 4 SANITIZE=1` names the kernel and a line of it in the
@@ -625,6 +627,7 @@ def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsy
 
 
 @pytest.mark.exercises
+@pytest.mark.reaches(cooperating_stage().folder)
 def test_a_missing_barrier_in_an_exercise_is_a_race_make_verify_names(tmp_path):
     """The tile loop solved, but without its second barrier: make verify's race check names the
     exercise and both lines, whether or not the numbers came out right."""
