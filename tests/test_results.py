@@ -170,6 +170,42 @@ def test_a_kept_result_keeps_what_its_test_leaves_for_a_later_step(tmp_path):
     assert not plugin.store.restore_outputs(keys["left nothing"], [left])
 
 
+# One process's turns at the store, as a collection and a run use it: read first (nothing to write
+# yet, the old rows dropped: a read before a write, which failed at once as "database is locked"
+# when another process committed in between), then rows kept and flushed.
+WRITER = """
+import sys
+from pathlib import Path
+from workbook.testing.pytest_results import Store
+for turn in range(30):
+    store = Store(Path(sys.argv[1]))
+    keys = [f"{sys.argv[2]}-{turn}-{n}" for n in range(20)]
+    store.get_many(keys)
+    for key in keys:
+        store.put(key, key, 0.1, "")
+    found = store.get_many(keys)
+    store.flush()
+    assert not store.error, store.error
+    assert set(found) == set(keys), len(found)
+"""
+
+
+def test_processes_side_by_side_keep_their_results(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "common"))
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), f"p{n}"], env=env,
+                              stderr=subprocess.PIPE, text=True) for n in range(6)]
+    failed = [err for proc in procs for err in [proc.communicate()[1]] if proc.returncode]
+    assert not failed, failed[0][-2000:]
+    keys = [f"p{n}-{turn}-{k}" for n in range(6) for turn in range(30) for k in range(20)]
+    assert len(results.Store(tmp_path).get_many(keys)) == len(keys)
+
+
+def test_a_store_that_fails_says_so_and_runs_every_test(tmp_path):
+    (tmp_path / "results.sqlite3").write_text("not a database")
+    store = results.Store(tmp_path)
+    assert store.get_many(["k"]) == {} and "every test runs" in store.error
+
+
 def test_a_test_sees_no_results_folder():
     # Run with WORKBOOK_RESULTS set (the test below): the plugin took it from the environment,
     # so that nothing a test starts reuses a result.

@@ -293,10 +293,12 @@ class Store:
         self.path = folder / "results.sqlite3"
         self._pending: list[tuple] = []
         self._pruned = False
+        self.error = ""  # what went wrong with the database, if anything: said at the end
 
     def _connect(self) -> sqlite3.Connection:
         self.folder.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=120)  # processes side by side take turns
+        # Processes side by side take turns (timeout); transactions are flush's own.
+        db = sqlite3.connect(self.path, timeout=120, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("CREATE TABLE IF NOT EXISTS kept (key TEXT PRIMARY KEY, nodeid TEXT, "
                    "seconds REAL, scope TEXT, at REAL)")
@@ -306,13 +308,17 @@ class Store:
         """The kept rows of `keys`, by key."""
         self.flush()
         found = {}
-        with contextlib.closing(self._connect()) as db:
-            for k in range(0, len(keys), 500):
-                chunk = keys[k:k + 500]
-                rows = db.execute(f"SELECT key, nodeid, seconds, scope, at FROM kept WHERE key "
-                                  f"IN ({','.join('?' * len(chunk))})", chunk)
-                for key, nodeid, seconds, scope, at in rows:
-                    found[key] = {"nodeid": nodeid, "s": seconds, "scope": scope, "at": at}
+        try:
+            with contextlib.closing(self._connect()) as db:
+                for k in range(0, len(keys), 500):
+                    chunk = keys[k:k + 500]
+                    rows = db.execute(f"SELECT key, nodeid, seconds, scope, at FROM kept WHERE "
+                                      f"key IN ({','.join('?' * len(chunk))})", chunk)
+                    for key, nodeid, seconds, scope, at in rows:
+                        found[key] = {"nodeid": nodeid, "s": seconds, "scope": scope, "at": at}
+        except sqlite3.Error as error:  # nothing reused: every test runs
+            self.error = f"no result read, every test runs: {error}"
+            return {}
         return found
 
     def get(self, key: str) -> dict | None:
@@ -326,13 +332,28 @@ class Store:
     def flush(self) -> None:
         if not self._pending and self._pruned:
             return
-        with contextlib.closing(self._connect()) as db, db:
-            db.executemany("INSERT OR REPLACE INTO kept VALUES (?, ?, ?, ?, ?)", self._pending)
-            if not self._pruned:
-                old = (time.time() - self.KEEP_DAYS * 86400,)
-                for (key,) in db.execute("SELECT key FROM kept WHERE at < ?", old).fetchall():
-                    shutil.rmtree(self._outputs(key), ignore_errors=True)
-                db.execute("DELETE FROM kept WHERE at < ?", old)
+        old, gone = (time.time() - self.KEEP_DAYS * 86400,), []
+        try:
+            with contextlib.closing(self._connect()) as db:
+                # The write lock first: BEGIN IMMEDIATE waits for it (up to the timeout). A
+                # transaction that reads before it writes fails at once instead ("database is
+                # locked") when another process commits in between, as parts side by side do.
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.executemany("INSERT OR REPLACE INTO kept VALUES (?, ?, ?, ?, ?)",
+                                   self._pending)
+                    if not self._pruned:
+                        gone = [k for (k,) in db.execute("SELECT key FROM kept WHERE at < ?",
+                                                         old)]
+                        db.execute("DELETE FROM kept WHERE at < ?", old)
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as error:  # the tests' verdicts stand; only their keeping is lost
+            self.error = f"{len(self._pending)} results not kept: {error}"
+        for key in gone:
+            shutil.rmtree(self._outputs(key), ignore_errors=True)
         self._pending, self._pruned = [], True
 
     # A kept test's outputs: <folder>/outputs/<key>/<n>-<name>, n its place among them.
@@ -470,6 +491,9 @@ class Results:
                           flavour=runlog.checks_flavour() or "-", tests=len(self.reused))
 
     def pytest_terminal_summary(self, terminalreporter):
+        if self.store.error:
+            terminalreporter.write_line(f"[results] the store {self.store.path} failed: "
+                                        f"{self.store.error}")
         if self.reused and not self.worker:
             took = sum(s for _, s in self.reused)
             terminalreporter.write_line(
