@@ -18,6 +18,11 @@ from workbook.testing import pytest_results as results
 REPO = stages.REPO
 
 
+def at(*parts):
+    """A path in the throwaway repositories these tests make (not this one's), from its parts."""
+    return "/".join(parts)
+
+
 def make_tree(root, files):
     for name, text in files.items():
         path = root / name
@@ -29,7 +34,7 @@ def scope_digests(root, files):
     """For each kind of test, the digest of what it can reach."""
     make_tree(root, files)
     inputs = results.Inputs(results.tree(root), root)
-    return {"stage b": inputs.scope("stages/02_b/test_b.py", set())[1],
+    return {"stage b": inputs.scope(at("stages", "02_b", "test_b.py"), set())[1],
             "tests/ on c": inputs.scope("tests/test_t.py", {"03_c"})[1],
             "tests/ reading tomls": inputs.scope("tests/test_t.py", set(),
                                                  ("stages/*/stage.toml",))[1],
@@ -39,13 +44,13 @@ def scope_digests(root, files):
 
 TREE = {
     ".gitignore": "/build/\n",
-    "stages/01_a/a.cpp": "int a;\n",
-    "stages/02_b/test_b.py": "# compiles 01_a's kernel\n",
-    "stages/03_c/c.cpp": "int c;\n",
-    "stages/03_c/stage.toml": "title = 'c'\n",
-    "common/w.py": "w = 1\n",
+    at("stages", "01_a", "a.cpp"): "int a;\n",
+    at("stages", "02_b", "test_b.py"): "# compiles 01_a's kernel\n",
+    at("stages", "03_c", "c.cpp"): "int c;\n",
+    at("stages", "03_c", "stage.toml"): "title = 'c'\n",
+    at("common", "w.py"): "w = 1\n",
     "tests/test_t.py": "t = 1\n",
-    "notebooks/n.ipynb": "{}\n",
+    at("notebooks", "n.ipynb"): "{}\n",
 }
 
 
@@ -64,20 +69,23 @@ def test_a_key_covers_what_the_test_can_reach(tmp_path):
         return {kind for kind in before if after[kind] != before[kind]}
 
     outside = {"tests/ on c", "tests/ reading tomls", "tests/ on no stage", "tests/"}
-    assert changed("stages/01_a/a.cpp", "int a2;\n") == {"stage b", "tests/"}
-    assert changed("stages/03_c/c.cpp", "int c2;\n") == {"tests/ on c", "tests/"}
-    assert changed("stages/03_c/stage.toml", "title = 'C'\n") == outside - {"tests/ on no stage"}
-    assert changed("stages/01_a/stage.toml", "") == {"stage b", "tests/ reading tomls", "tests/"}
-    assert changed("common/w.py", "w = 2\n") == {"stage b", *outside}
+    assert changed(at("stages", "01_a", "a.cpp"), "int a2;\n") == {"stage b", "tests/"}
+    assert changed(at("stages", "03_c", "c.cpp"), "int c2;\n") == {"tests/ on c", "tests/"}
+    assert changed(at("stages", "03_c", "stage.toml"), "title = 'C'\n") == \
+        outside - {"tests/ on no stage"}
+    assert changed(at("stages", "01_a", "stage.toml"), "") == \
+        {"stage b", "tests/ reading tomls", "tests/"}
+    assert changed(at("common", "w.py"), "w = 2\n") == {"stage b", *outside}
     assert changed("tests/test_t.py", "t = 2\n") == outside
-    assert changed("notebooks/n.ipynb", "[]\n") == outside
-    assert changed("common/new.py", "") == {"stage b", *outside}  # untracked
+    assert changed(at("notebooks", "n.ipynb"), "[]\n") == outside
+    assert changed(at("common", "new.py"), "") == {"stage b", *outside}  # untracked
     assert changed("build/out.so", "") == set()  # ignored by git
 
 
 def test_a_stage_named_by_number_is_reached(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    make_tree(tmp_path, {"stages/01_a/a.py": "", "stages/02_b/t.py": "stages.get(1)\n"})
+    make_tree(tmp_path, {at("stages", "01_a", "a.py"): "",
+                         at("stages", "02_b", "t.py"): "stages.get(1)\n"})
     assert results.Inputs(results.tree(tmp_path), tmp_path).reach("02_b") == {"01_a", "02_b"}
 
 
