@@ -15,6 +15,7 @@ import pytest
 from workbook import testing
 from workbook.build import stages, toolkit
 from workbook.teaching import exercises
+from workbook.testing import pytest_gate
 
 REPO = stages.REPO
 STAGES = stages.all_stages()
@@ -377,12 +378,19 @@ def test_verify_only_one_exercise_runs_the_tests_that_check_it(tmp_path, monkeyp
     s = stages.get(2)
     work = exercises.carve(s, tmp_path / s.folder, quiet=True)
     commands = []
+
+    class Ended:  # the pytest process, as _start returns it, already done
+        def poll(self):
+            return 0
+
     monkeypatch.setattr(exercises, "_stream", lambda cmd, *a, **k: commands.append(cmd) or 0)
+    monkeypatch.setattr(exercises, "_start", lambda cmd, *a, **k: commands.append(cmd) or Ended())
+    monkeypatch.setattr(exercises, "_follow", lambda proc, *a, **k: 0)
     monkeypatch.setattr(exercises, "_read_junit", lambda path: [])
     chosen = next(e for e in exercises.find(s) if e.name == "lltm-forward")
     exercises.verify(s, work, base=tmp_path / "base", only="lltm-forward")
     out = capsys.readouterr().out
-    pytest_cmd = commands[-1]
+    pytest_cmd = next(c for c in commands if "pytest" in c)
     targets = [a for a in pytest_cmd if a.startswith(str(tmp_path / "base")) and "::" in a]
     assert targets and len(targets) == len(set(chosen.checked_by))
     assert all(any(t.endswith(c) for c in chosen.checked_by) for t in targets)
@@ -577,6 +585,34 @@ def test_a_signal_is_told_with_what_it_means_for_a_kernel():
 
 @pytest.mark.exercises
 @pytest.mark.reaches(stages.get(1).folder)
+@pytest.mark.reaches()
+@pytest.mark.parametrize("word", [pytest_gate.GO, "not run: the copy did not build"])
+def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
+    """make verify starts pytest before the copy is built (workbook.testing.pytest_gate): nothing
+    is collected until the gate says `go`; any other word ends the run with no test run."""
+    collected = tmp_path / "collected"  # written when pytest imports the test file
+    (tmp_path / "test_one.py").write_text(f"open({str(collected)!r}, 'w').close()\n\n\n"
+                                          "def test_one():\n    pass\n")
+    gate = tmp_path / "gate"
+    env = dict(os.environ, **{pytest_gate.ENV: str(gate)})
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "-p", "workbook.testing.pytest_gate", "--rootdir", str(tmp_path),
+                             str(tmp_path / "test_one.py")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=8)  # torch loads, then the process waits at the gate
+        assert not collected.exists()
+        pytest_gate.open_gate(gate, word)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    if word == pytest_gate.GO:
+        assert proc.returncode == 0 and "1 passed" in out, out
+    else:
+        assert proc.returncode == 3 and word in out and "passed" not in out, out
+
+
 def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
     """A test that kills its process (here by abort(), as glibc does on a corrupted heap): the
     summary names that test, says what the signal means and how to find the line."""

@@ -10,6 +10,7 @@ maths from the previous build).
   here (a stand-in reports a compiler error): the memory is what is checked.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -97,3 +98,20 @@ def test_a_failed_ahead_of_time_build_fails_again_at_once_until_a_source_changes
     with pytest.raises(builder.BuildFailed):
         builder.build_stage(stage, quiet=True)
     assert len(runs) == 2, "a changed source must be built again"
+
+
+def test_the_first_errors_name_the_file_from_the_repository(tmp_path):
+    """The compiler cache hands the compiler paths relative to the folder it runs in, so gcc's
+    line says ../../../../stages/...: the first errors show such a path from the repository (a
+    learner's copy under build/exercises/ is then the path make verify rewrites to theirs)."""
+    where = stages.build_root() / "test-first-errors" / "temp"
+    where.mkdir(parents=True, exist_ok=True)
+    source = stages.REPO / "stages" / stages.get(1).folder / "csrc" / "z2xy.cpp"
+    relative = os.path.relpath(source, where)  # ../../../stages/01_z2xy/csrc/z2xy.cpp
+    log = (f"[1/2] c++ -c {relative}\n{relative}:79:14: error: 'thing' was not declared\n"
+           "../../nowhere.cpp:1:1: error: not a file here\n")
+    shown = builder.first_errors(log, where=where).splitlines()
+    assert shown[1] == f"stages/{stages.get(1).folder}/csrc/z2xy.cpp:79:14: error: 'thing' " \
+                       "was not declared"
+    assert shown[2] == "../../nowhere.cpp:1:1: error: not a file here"  # left as written
+    assert builder.first_errors(log).splitlines()[1].startswith(relative)

@@ -128,18 +128,37 @@ def is_up_to_date(s: Stage) -> bool:
     return all(p.stat().st_mtime <= built for p in _sources(s))
 
 
-def first_errors(text: str, limit: int = 12) -> str:
+def first_errors(text: str, limit: int = 12, where: Path | None = None) -> str:
     """The first compiler errors of a build's output: what a reader needs, not the Python
-    traceback or the command lines (ninja's `[1/2] c++ ...`, whose flags may say -Werror)."""
+    traceback or the command lines (ninja's `[1/2] c++ ...`, whose flags may say -Werror).
+    `where`: the folder the compiler ran in; the paths it gave relative to it are shown from the
+    repository (the compiler cache hands the compiler relative paths: ../../../../stages/...)."""
     lines = text.splitlines()
     errors = [ln for ln in lines if "error" in ln.lower() and not ln.lstrip().startswith("File ")
               and not re.search(r"\[\d+/\d+\] ", ln)]
     shown = errors[:limit] or lines[-limit:]
+    if where is not None:
+        shown = [_RELATIVE.sub(lambda m: _from_repo(where, m.group(0)), ln) for ln in shown]
     return "--- first errors ---\n" + "\n".join(shown)
 
 
+# A path that climbs out of the folder it is relative to: ../../x/y.cpp
+_RELATIVE = re.compile(r"(?<![\w./-])(?:\.\./)+[\w.+-][\w./+-]*")
+
+
+def _from_repo(where: Path, relative: str) -> str:
+    """The path of file `relative` (to `where`) from the repository, absolute outside it; as
+    written when there is no such file."""
+    path = (where / relative).resolve()
+    if not path.is_file():
+        return relative
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
 def _first_errors(log: Path, limit: int = 12) -> str:
-    return first_errors(log.read_text(errors="replace"), limit)
+    """The first errors of a stage's build.log; its compiler ran in the build's temp folder."""
+    temps = sorted(log.parent.glob("temp.*"))
+    return first_errors(log.read_text(errors="replace"), limit, temps[0] if temps else None)
 
 
 def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from workbook.build import stages
 from workbook.build.stages import REPO, Stage, build_root
-from workbook.testing import pytest_running
+from workbook.testing import pytest_gate, pytest_running
 
 WORK_DIR = REPO / "exercises"
 
@@ -676,8 +676,17 @@ def _stream(cmd: list[str], env: dict, cwd: Path, rewrite: dict[str, str],
             on_line=None) -> int:
     """Run cmd, printing its output as it comes with the build tree's paths shown as the work
     copy's (and handing each line, so shown, to `on_line`)."""
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    return _follow(_start(cmd, env, cwd), rewrite, on_line)
+
+
+def _start(cmd: list[str], env: dict, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _follow(proc: subprocess.Popen, rewrite: dict[str, str], on_line=None) -> int:
+    """_stream's printing, for a process started already; its exit status."""
+    with proc:
         for line in proc.stdout:
             for old, new in rewrite.items():
                 line = line.replace(old, new)
@@ -832,18 +841,6 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     if common not in run_env.get("PYTHONPATH", "").split(os.pathsep):
         run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [common, run_env.get("PYTHONPATH")]))
 
-    build_cmd = [sys.executable, "-m", "workbook.build", str(copy)]
-    if s.kind == "jit":  # built by its own import, which a carved copy may be meant to fail
-        print(f"[verify] {s.label} is built just in time, when its tests import it", flush=True)
-        built = True
-    else:
-        built = _stream(build_cmd, run_env, REPO, rewrite) == 0
-    report = Report(s, built)
-    if not built:
-        print(f"[verify] your copy of {s.label} does not build: the first compiler errors are "
-              f"above; fix them and run `make verify {s.number}` again")
-        return report
-
     junit = base / "report.xml"
     junit.unlink(missing_ok=True)
     running = base / "running.txt"  # the test that started last (workbook.testing.pytest_running)
@@ -851,24 +848,49 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     run_env[pytest_running.ENV] = str(running)
     targets = [str(copy / t) for t in dict.fromkeys(tests)] if tests else [str(copy)]
     # The copy is outside the repository, so its conftest.py is not found: its plugin by name.
-    cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-c",
+    # Hypothesis' plugin, which no stage's tests use, spends a second at the end of the session.
+    cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:hypothesispytest", "-c",
            str(REPO / "pyproject.toml"), "--rootdir", str(copy),
            "-p", "workbook.testing.pytest_emulated", "-p", "workbook.testing.pytest_timings",
-           "-p", "workbook.testing.pytest_running", f"--junitxml={junit}",
-           "-o", "junit_family=xunit1", *targets, *pytest_args]
-    print(f"[verify] running {s.label}'s tests on your copy: pytest "
-          f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)
-    reports = None
+           "-p", "workbook.testing.pytest_running", "-p", "workbook.testing.pytest_gate",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1", *targets, *pytest_args]
+    reports, test_env = None, dict(run_env)
     if sanitize:
         from workbook.net import sanitize as sanitizers
 
         # The runtimes' reports go to the file descriptor, past pytest's capture of Python's.
         cmd.insert(cmd.index(f"--junitxml={junit}"), "--capture=sys")
         reports = sanitizers.Reports()
-        code = _stream(cmd, sanitizers.with_runtimes(run_env, sanitizers.runtimes()), REPO,
-                       rewrite, on_line=reports)
-    else:
-        code = _stream(cmd, run_env, REPO, rewrite)
+        test_env = sanitizers.with_runtimes(run_env, sanitizers.runtimes())
+    # pytest starts now and waits at a gate (workbook.testing.pytest_gate) while the copy builds:
+    # its interpreter and torch load on one core as the compiler runs on another.
+    gate = base / "gate"
+    gate.unlink(missing_ok=True)
+    test_env[pytest_gate.ENV] = str(gate)
+    tests_proc = _start(cmd, test_env, REPO)
+    try:
+        if s.kind == "jit":  # built by its own import, which a carved copy may be meant to fail
+            print(f"[verify] {s.label} is built just in time, when its tests import it",
+                  flush=True)
+            built = True
+        else:
+            build_cmd = [sys.executable, "-m", "workbook.build", str(copy)]
+            built = _stream(build_cmd, run_env, REPO, rewrite) == 0
+        report = Report(s, built)
+        if not built:
+            pytest_gate.open_gate(gate, "not run: the copy did not build")
+            tests_proc.communicate()
+            print(f"[verify] your copy of {s.label} does not build: the first compiler errors "
+                  f"are above; fix them and run `make verify {s.number}` again")
+            return report
+        print(f"[verify] running {s.label}'s tests on your copy: pytest "
+              f"{' '.join(t.replace(str(copy), _show(work)) for t in targets)}", flush=True)
+        pytest_gate.open_gate(gate)
+        code = _follow(tests_proc, rewrite, on_line=reports)
+    finally:
+        if tests_proc.poll() is None:  # interrupted: the tests never started
+            tests_proc.kill()
+            tests_proc.communicate()
     report.results = _read_junit(junit)
     died = _signal_of(code) is not None
     if code not in (0, 1) and not died:
