@@ -41,6 +41,7 @@ STAGE := $(word 2,$(MAKECMDGOALS))
 .PHONY: help stage test check demo bench bench-abi notebooks lab install wheel abi-check cuda-toolkit doctor fix-abi \
 	diff new-stage \
 	lint gpu-check test-template test-standalone fuzz sanitize racecheck exercise verify test-exercises \
+	nvcc-check \
 	book book-check \
 	clean \
 	distclean env \
@@ -50,7 +51,10 @@ help:
 	@echo "PyTorch C++/CUDA extension workbook"
 	@echo
 	@echo "  make demo        build what this machine runs (CPU-only without a GPU), check each op, time it"
-	@echo "  make test        build everything and run the whole test suite"
+	@echo "  make test        build everything and run the whole test suite (without a GPU: the CUDA"
+	@echo "                   stages CPU-only, their kernels on the emulated device)"
+	@echo "  make nvcc-check  the CUDA stages built with nvcc, loaded, their CUDA kernels registered (what"
+	@echo "                   make test leaves out without a GPU; CI runs it)"
 	@echo "  make check       the contributor's loop: builds and tests what your changes can break (the"
 	@echo "                   stages, tests/ files and notebooks they reach; a kernel under the sanitizers),"
 	@echo "                   saying why; BASE=origin/main: a branch's changes; DRY=1: the plan only"
@@ -121,6 +125,12 @@ stage: $(ENV_READY)
 test: $(ENV_READY)
 	@$(PY) -m workbook.build all
 	@$(PY) -m workbook.testing.suite all
+
+# Where no GPU is visible, make test builds the CUDA stages that have a CPU fallback CPU-only and
+# runs their CUDA tests on the emulated device (workbook.build.emulate.choose_builds): this builds
+# them with nvcc, as a GPU machine does, and checks each loads with its CUDA kernels.
+nvcc-check: $(ENV_READY)
+	@$(PY) -m workbook.build.nvcc_check
 
 # What the working tree's changes (against HEAD, or BASE=ref) can break, built and tested; the plan
 # and why first (workbook.testing.check says how it chooses). FILES="a b": as if only those changed.

@@ -131,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[notebooks] {len(notebooks)} notebooks, all without outputs")
         return 1 if dirty else 0
 
+    # The builds make test chose for these notebooks: without a GPU, the CUDA stages that have a
+    # CPU fallback CPU-only (workbook.build.emulate.choose_builds), in this process's environment,
+    # which each notebook's kernel inherits.
+    from workbook.build import emulate
+
+    chosen = emulate.choose_builds()
+    if chosen:
+        print(f"[notebooks] {chosen}", flush=True)
     out_dir = build_root() / "notebooks"
     kernel_dir = write_kernel_spec(out_dir / "kernels")
     print(f"[notebooks] executing {len(notebooks)} notebooks with {sys.executable}; "

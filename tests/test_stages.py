@@ -55,6 +55,33 @@ def test_make_diff_shows_each_lesson(stage):
     assert "\n+" in diff and "\n-" in diff
 
 
+def test_without_a_gpu_the_stages_with_a_cpu_fallback_build_cpu_only(monkeypatch):
+    """Where no GPU is visible and the CUDA tests run on the emulated device, make test chooses
+    CPU-only builds for the CUDA stages that have a CPU fallback (WORKBOOK_NVCC=0); a CUDA-only
+    stage is still built with nvcc, and a choice already made, a GPU, or WORKBOOK_CUDA=off
+    leaves the builds as they are."""
+    from workbook.build import emulate
+
+    monkeypatch.delenv("WORKBOOK_NO_CUDA", raising=False)
+    cuda_only = next(s for s in stages.all_stages() if s.cuda and not s.cpu_fallback)
+    with_fallback = [s for s in stages.all_stages() if s.cuda and s.cpu_fallback]
+    assert with_fallback and cuda_only
+    for gpu, setting, chosen in [(False, "", True), (True, "", False), (False, "off", False)]:
+        monkeypatch.delenv(stages.NVCC, raising=False)
+        monkeypatch.setenv("WORKBOOK_CUDA", setting)
+        monkeypatch.setattr(emulate, "gpu_visible", lambda gpu=gpu: gpu)
+        line = emulate.choose_builds()
+        assert (line is not None) == chosen and (os.environ.get(stages.NVCC) == "0") == chosen
+        assert all(stages.get(s.number).cpu_only == chosen for s in with_fallback)
+        assert not stages.get(cuda_only.number).cpu_only
+        assert stages.get(cuda_only.number).build_dir.parent.name == "stages"
+    monkeypatch.setenv(stages.NVCC, "1")  # make nvcc-check's
+    monkeypatch.setenv("WORKBOOK_CUDA", "")
+    monkeypatch.setattr(emulate, "gpu_visible", lambda: False)
+    assert emulate.choose_builds() is None
+    assert not any(stages.get(s.number).cpu_only for s in with_fallback)
+
+
 def test_a_folder_without_stage_toml_is_an_error(tmp_path):
     (tmp_path / "07_broken").mkdir()
     with pytest.raises(stages.StageError, match=r"stage.toml is missing"):

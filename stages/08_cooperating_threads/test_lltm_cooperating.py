@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from workbook import ops, testing
-from workbook.build import stages, toolkit
+from workbook.build import builder, stages, toolkit
 from workbook.build.loader import import_stage
 from workbook.ops import lltm as lltm_op
 from workbook.spec import Case
@@ -139,7 +139,8 @@ def test_cuda_kernels_are_compiled_in_when_nvcc_is_found():
     assert forward == f"{STAGE.package}::lltm_forward"
     assert torch._C._dispatch_has_kernel_for_dispatch_key(forward, "CPU")
     has_cuda_kernels = torch._C._dispatch_has_kernel_for_dispatch_key(forward, "CUDA")
-    assert has_cuda_kernels == (toolkit.find() is not None), toolkit.reason()
+    assert has_cuda_kernels == (not STAGE.cpu_only and toolkit.find() is not None), \
+        builder.why_cpu_only(STAGE)
 
 
 def test_imports_from_anywhere_without_the_workbook(tmp_path):

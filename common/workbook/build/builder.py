@@ -161,6 +161,15 @@ def _first_errors(log: Path, limit: int = 12) -> str:
     return first_errors(log.read_text(errors="replace"), limit, temps[0] if temps else None)
 
 
+def why_cpu_only(s: Stage) -> str:
+    """Why CUDA stage s is built here without its CUDA kernels (toolkit_for(s) is None)."""
+    if s.cpu_only and not stages.cuda_disabled():
+        if s.cpu_fallback and not stages.nvcc_wanted():
+            return "WORKBOOK_NVCC=0: no GPU visible, its CUDA kernels run on the emulated device"
+        return "asked for"
+    return toolkit.reason()
+
+
 def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
                 force: bool = False) -> Path:
     """Build a setup.py stage under build/ and return the folder to put on sys.path.
@@ -172,7 +181,7 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     if s.kind != "setup":
         raise ValueError(f"stage {s.number} ({s.folder}) is built when imported, not with setup.py")
     if s.cuda and toolkit_for(s) is None:
-        why = "asked for" if s.cpu_only and not stages.cuda_disabled() else toolkit.reason()
+        why = why_cpu_only(s)
         if not s.cpu_fallback:
             from workbook.build import emulate
 

@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 from workbook.build.builder import BuildFailed
-from workbook.build.stages import REPO, Stage, build_root
+from workbook.build.stages import NVCC, REPO, Stage, build_root
 from workbook.measure import runlog
 
 DEVICE = "emulated_cuda"
@@ -95,6 +95,26 @@ def active() -> bool:
     if choice == "off":
         return False
     return choice == "emulate" or not gpu_visible()
+
+
+def choose_builds() -> str | None:
+    """Where no GPU is visible and the CUDA tests run on the emulated device, build the CUDA
+    stages that have a CPU fallback CPU-only: set WORKBOOK_NVCC=0 (workbook.build.stages), for
+    this process and those it starts. Returns the line that says so, or None where nothing was
+    chosen (a GPU is visible, WORKBOOK_CUDA=off, or WORKBOOK_NVCC set already).
+
+    nvcc's output for those stages could not run here: their CUDA tests load the kernels built
+    for the emulated device from the same .cu files, beside the CPU-only library. So `make test`
+    does not compile every .cu file with nvcc as well, the slowest compiles of a clean clone;
+    `make nvcc-check` does, and checks each library loads with its CUDA kernels. A stage that is
+    CUDA-only (stage 04) is built with nvcc as before: it has no CPU library to build instead.
+    """
+    if os.environ.get(NVCC) is not None or setting() == "off" or gpu_visible():
+        return None
+    os.environ[NVCC] = "0"
+    return ("no GPU visible: the CUDA stages with a CPU fallback are built CPU-only (build/"
+            "stages-cpu/), their CUDA tests run on the emulated device; `make nvcc-check` "
+            "compiles them with nvcc (WORKBOOK_NVCC=1 here does too)")
 
 
 _requested = False

@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 when a CUDA stage cannot be built with its CUDA kernels "
                         "(skipped, or CPU-only): what a GPU machine's check wants")
     args = parser.parse_args(argv)
+    if args.require_cuda:
+        os.environ.setdefault(stages.NVCC, "1")
+    chosen = emulate.choose_builds()  # the stages' processes inherit the choice, and say nothing
+    if chosen:
+        print(f"[build] {chosen}", flush=True)
     every = args.stage == ["all"]
     targets = stages.all_stages() if every else [stages.get(s) for s in args.stage]
     if args.require_cuda and any(s.cuda for s in targets) and cuda_toolkit() is None:

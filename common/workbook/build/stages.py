@@ -82,7 +82,8 @@ class Stage:
     lesson: tuple[tuple[str, str], ...] = ()  # (before, after) file pairs, relative to stages/
     sources_from: tuple[str, ...] = ()  # other stage folders whose sources it compiles
     source_dir: Path = dataclasses.field(default=STAGES_DIR, compare=False)
-    # A CUDA stage built without its CUDA kernels (WORKBOOK_NO_CUDA=1, or `cpu_only_build()`):
+    # A CUDA stage built without its CUDA kernels (WORKBOOK_NO_CUDA=1, WORKBOOK_NVCC=0 for one
+    # with a CPU fallback, or `cpu_only_build()`):
     # a library of its own, in a folder of its own, so neither build replaces the other.
     cpu_only: bool = dataclasses.field(default=False, compare=False)
 
@@ -191,7 +192,8 @@ def read(folder: Path) -> Stage:
                  tuple(data["ops"]), data["build"], data.get("cuda", False),
                  data.get("cpu_fallback", False), data.get("production", False),
                  tuple(tuple(pair) for pair in lesson), tuple(data.get("sources_from", [])),
-                 folder, cpu_only=data.get("cuda", False) and cuda_disabled())
+                 folder, cpu_only=data.get("cuda", False) and (
+                     cuda_disabled() or (data.get("cpu_fallback", False) and not nvcc_wanted())))
 
 
 def cuda_disabled() -> bool:
@@ -202,6 +204,19 @@ def cuda_disabled() -> bool:
     passes the variable on to its setup.py, so both sides agree on the folder.
     """
     return os.environ.get("WORKBOOK_NO_CUDA", "0") not in ("", "0")
+
+
+# WORKBOOK_NVCC=0: the CUDA stages that have a CPU fallback are built CPU-only, though a toolkit
+# is found (a stage that is CUDA-only is still built with nvcc). `make test`, `make stage N` and
+# `make check` set it where no GPU is visible and the CUDA tests run on the emulated device
+# (workbook.build.emulate.choose_builds says why); `make nvcc-check` sets it to 1.
+NVCC = "WORKBOOK_NVCC"
+
+
+def nvcc_wanted() -> bool:
+    """Whether a CUDA stage with a CPU fallback is built with nvcc where a toolkit is found: yes
+    unless WORKBOOK_NVCC=0."""
+    return os.environ.get(NVCC, "1").strip() != "0"
 
 
 def discover(root: Path = STAGES_DIR) -> dict[int, Stage]:

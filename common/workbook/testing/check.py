@@ -30,11 +30,14 @@ the notebooks' own imports decide), and any notebook brings tests/test_notebooks
 execute nothing. A kernel change (C++ or CUDA) also runs the stages it reaches under the
 sanitizers (those `make sanitize` checks: its why_not), their CPU tests only where it reaches no
 CUDA kernel, and, where it reaches a stage's CUDA kernels (the files the emulated build compiles,
-or what they include), under the race checker (`make racecheck`).
+or what they include), under the race checker (`make racecheck`) and, where the stage is built
+CPU-only here (no GPU visible: workbook.build.emulate.choose_builds), with nvcc (`make
+nvcc-check`).
 
 Then it runs them: ``python -m workbook.build`` the stages, their tests and the tests/ files chosen
 (each stage in a pytest process of its own, as workbook.testing.suite runs them), the notebooks
-(scripts/run_notebooks.py), then workbook.net.sanitize and workbook.net.racecheck; a summary, and
+(scripts/run_notebooks.py), then workbook.net.sanitize, workbook.net.racecheck and
+workbook.build.nvcc_check; a summary, and
 exit status 1 on any failure. What it leaves to `make test`, which stays the whole proof: the
 tools that reach every stage through workbook.ops at run time (the matrices, fuzzing, the
 concurrency test, the benchmark's), chosen here by a change to what they import, not by a change
@@ -270,6 +273,7 @@ class Plan:
     notebooks: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     sanitize: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     racecheck: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    nvcc: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # make nvcc-check's
     sanitize_options: list[str] = dataclasses.field(default_factory=list)  # pytest's, after --
     notes: list[str] = dataclasses.field(default_factory=list)  # what chose nothing, and why
 
@@ -431,6 +435,12 @@ def _kernel_checks(result: Plan, cxx_changed: list[tuple[str, Path]]) -> None:
                                 f"{reason}")
         if not s.cuda:
             continue
+        if s.cpu_only and s.cpu_fallback and not stages.nvcc_wanted():
+            # built CPU-only here (no GPU: emulate.choose_builds), so nvcc has not seen the change
+            for n, p in reaching:
+                if p in kernels:
+                    _add(result.nvcc, number, f"{n}: in its CUDA files, which the stage's build "
+                                              f"here leaves to the emulated device")
         files = racecheck.kernel_files(s)
         if not reaching:
             result.notes.append(f"racecheck: {s.label} left out: the change does not reach its "
@@ -471,6 +481,9 @@ def describe(p: Plan, most: int = 3) -> str:
     for number, why in p.racecheck.items():
         item(f"racecheck {stages.get(number).label}: ThreadSanitizer on its emulated kernels",
              why)
+    for number, why in p.nvcc.items():
+        item(f"nvcc-check {stages.get(number).label}: built with nvcc, loaded with its CUDA "
+             f"kernels", why)
     lines.extend(f"  note: {note}" for note in p.notes)
     return "\n".join(lines)
 
@@ -538,6 +551,9 @@ def run(p: Plan) -> list[Step]:
     if p.racecheck:
         steps.append(_command("racecheck", [py, "-m", "workbook.net.racecheck",
                                             *map(str, p.racecheck)]))
+    if p.nvcc:
+        steps.append(_command("nvcc-check", [py, "-m", "workbook.build.nvcc_check",
+                                             *map(str, p.nvcc)]))
     return steps
 
 
@@ -550,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    chosen = emulate.choose_builds()
+    if chosen:
+        print(f"[check] {chosen}")
     if args.paths:
         paths = sorted({rel(Path(p).resolve()) for p in args.paths})
         print(f"[check] {len(paths)} file(s), as if changed:")

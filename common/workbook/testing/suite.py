@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, stages.StageError) as error:
         print(f"[test] {error}", file=sys.stderr)
         return 2
+    from workbook.build import emulate
+
+    emulate.choose_builds()  # as `python -m workbook.build` chose, for the parts to inherit
     start = time.perf_counter()
     if jobs > 1 and len(parts) > 1:
         from workbook.measure.timing import usable_cpus
