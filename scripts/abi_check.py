@@ -76,9 +76,9 @@ def pins(names) -> list[str]:
 
 
 def build_wheel(stage: stages.Stage) -> Path:
-    # pip runs setup.py with this environment: the compiler cache's settings for this clone in
-    # it, so that a wheel built in another clone of the same sources compiles nothing again.
-    compiler.compiler_cache()
+    """The stage's wheel, built by pip (which runs setup.py with this process's environment: the
+    compiler cache's settings for this clone, set by main, so that a wheel built in another clone
+    of the same sources compiles nothing again)."""
     dist = REPO / "dist"
     dist.mkdir(exist_ok=True)
     for old in dist.glob(f"{stage.package}-*.whl"):
@@ -158,6 +158,10 @@ def main(argv=None) -> int:
     # build of its own, not this wheel): the CUDA tests say so as they skip, in both runs alike.
     os.environ["WORKBOOK_NO_CUDA"] = "1"
     os.environ["WORKBOOK_CUDA"] = "off"
+    # Every change to the environment is made here, before the threads below start: a thread's
+    # subprocess hands the child the C library's environment, which a write from another thread
+    # can move under it (then the child's execve fails: "Bad address").
+    compiler.compiler_cache()
     stage = next(s for s in stages.all_stages() if s.folder.endswith("_stable_abi"))
     import torch
 

@@ -31,9 +31,9 @@ def plan(gpu: bool) -> tuple[list[stages.Stage], dict[int, str]]:
     One stage per package (a package loads once per process): the one a user would import, the
     production stage where the package has one (`make install`'s), else the newest. Without a
     GPU nothing is compiled that cannot run: a CUDA-only stage is not built, and a stage with a
-    CPU fallback is built CPU-only, in a folder of its own (build/stages-cpu/), unless its full
-    build is already up to date (after `make test`). `make test` still compiles every CUDA file,
-    and runs the CUDA tests on the emulated CUDA device.
+    CPU fallback is built CPU-only, in a folder of its own (build/stages-cpu/, where `make test`
+    builds it too without a GPU), unless its full build is already up to date. `make test` runs
+    the CUDA tests on the emulated CUDA device, and `make nvcc-check` compiles every CUDA file.
     """
     from workbook.build import toolkit
 

@@ -823,7 +823,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
 
     if s.cuda and emulate.active() and "WORKBOOK_NO_CUDA" not in run_env:
         # Without a GPU the CUDA tests run on the emulated device, which compiles the copy's .cu
-        # with the host compiler: an nvcc build of the copy would never run. (make test still
+        # with the host compiler: an nvcc build of the copy would never run. (make nvcc-check
         # compiles the stages' CUDA files with nvcc.)
         print("[verify] no GPU: the CUDA tests run on the emulated CUDA device (the copy's .cu "
               "compiled for the CPU); nvcc is not used", flush=True)
