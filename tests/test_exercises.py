@@ -583,8 +583,6 @@ def test_a_signal_is_told_with_what_it_means_for_a_kernel():
     assert "before any test started" in exercises._crash_words(s, -6, None, sanitized=False)
 
 
-@pytest.mark.exercises
-@pytest.mark.reaches(stages.get(1).folder)
 @pytest.mark.reaches()
 @pytest.mark.parametrize("word", [pytest_gate.GO, "not run: the copy did not build"])
 def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
@@ -613,6 +611,8 @@ def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
         assert proc.returncode == 3 and word in out and "passed" not in out, out
 
 
+@pytest.mark.exercises
+@pytest.mark.reaches(stages.get(1).folder)
 def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
     """A test that kills its process (here by abort(), as glibc does on a corrupted heap): the
     summary names that test, says what the signal means and how to find the line."""
