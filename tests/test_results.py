@@ -23,6 +23,9 @@ def at(*parts):
     return "/".join(parts)
 
 
+TEST_T = at("tests", "test_t.py")  # a tests/ file of the throwaway repositories
+
+
 def make_tree(root, files):
     for name, text in files.items():
         path = root / name
@@ -35,11 +38,11 @@ def scope_digests(root, files):
     make_tree(root, files)
     inputs = results.Inputs(results.tree(root), root)
     return {"stage b": inputs.scope(at("stages", "02_b", "test_b.py"), set())[1],
-            "tests/ on c": inputs.scope("tests/test_t.py", {"03_c"})[1],
-            "tests/ reading tomls": inputs.scope("tests/test_t.py", set(),
+            "tests/ on c": inputs.scope(TEST_T, {"03_c"})[1],
+            "tests/ reading tomls": inputs.scope(TEST_T, set(),
                                                  ("stages/*/stage.toml",))[1],
-            "tests/ on no stage": inputs.scope("tests/test_t.py", set(), ())[1],
-            "tests/": inputs.scope("tests/test_t.py", set())[1]}
+            "tests/ on no stage": inputs.scope(TEST_T, set(), ())[1],
+            "tests/": inputs.scope(TEST_T, set())[1]}
 
 
 TREE = {
@@ -49,7 +52,7 @@ TREE = {
     at("stages", "03_c", "c.cpp"): "int c;\n",
     at("stages", "03_c", "stage.toml"): "title = 'c'\n",
     at("common", "w.py"): "w = 1\n",
-    "tests/test_t.py": "t = 1\n",
+    TEST_T: "t = 1\n",
     at("notebooks", "n.ipynb"): "{}\n",
 }
 
@@ -76,7 +79,7 @@ def test_a_key_covers_what_the_test_can_reach(tmp_path):
     assert changed(at("stages", "01_a", "stage.toml"), "") == \
         {"stage b", "tests/ reading tomls", "tests/"}
     assert changed(at("common", "w.py"), "w = 2\n") == {"stage b", *outside}
-    assert changed("tests/test_t.py", "t = 2\n") == outside
+    assert changed(TEST_T, "t = 2\n") == outside
     assert changed(at("notebooks", "n.ipynb"), "[]\n") == outside
     assert changed(at("common", "new.py"), "") == {"stage b", *outside}  # untracked
     assert changed("build/out.so", "") == set()  # ignored by git
