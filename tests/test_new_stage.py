@@ -18,7 +18,7 @@ from workbook.build import stages
 # verdict is on the template, so a change to another stage's kernel leaves it standing: that
 # stage's own tests judge the change (workbook.testing.pytest_results).
 @pytest.mark.template
-@pytest.mark.reads("stages/*/stage.toml", "stages/*/setup.py", "stages/*/README.md")
+@pytest.mark.reads("stages/*/stage.toml", "stages/*/setup.py", "stages/*/README.md", "README.md")
 def test_new_stage_builds_and_passes_its_tests(tmp_path):
     copy, env = testing.working_copy_in_build("new-stage")
     env["PYTHON"] = sys.executable

@@ -41,6 +41,7 @@ def scope_digests(root, files):
             "tests/ on c": inputs.scope(TEST_T, {"03_c"})[1],
             "tests/ reading tomls": inputs.scope(TEST_T, set(),
                                                  ("stages/*/stage.toml",))[1],
+            "tests/ reading the README": inputs.scope(TEST_T, set(), ("README.md",))[1],
             "tests/ on no stage": inputs.scope(TEST_T, set(), ())[1],
             "tests/": inputs.scope(TEST_T, set())[1]}
 
@@ -54,6 +55,8 @@ TREE = {
     at("common", "w.py"): "w = 1\n",
     TEST_T: "t = 1\n",
     at("notebooks", "n.ipynb"): "{}\n",
+    "README.md": "# r\n",
+    at("stages", "03_c", "README.md"): "# c\n",
 }
 
 
@@ -71,16 +74,22 @@ def test_a_key_covers_what_the_test_can_reach(tmp_path):
         make_tree(tmp_path, TREE)
         return {kind for kind in before if after[kind] != before[kind]}
 
-    outside = {"tests/ on c", "tests/ reading tomls", "tests/ on no stage", "tests/"}
+    outside = {"tests/ on c", "tests/ reading tomls", "tests/ reading the README",
+               "tests/ on no stage", "tests/"}
     assert changed(at("stages", "01_a", "a.cpp"), "int a2;\n") == {"stage b", "tests/"}
     assert changed(at("stages", "03_c", "c.cpp"), "int c2;\n") == {"tests/ on c", "tests/"}
     assert changed(at("stages", "03_c", "stage.toml"), "title = 'C'\n") == \
-        outside - {"tests/ on no stage"}
+        {"tests/ on c", "tests/ reading tomls", "tests/"}
     assert changed(at("stages", "01_a", "stage.toml"), "") == \
         {"stage b", "tests/ reading tomls", "tests/"}
     assert changed(at("common", "w.py"), "w = 2\n") == {"stage b", *outside}
     assert changed(TEST_T, "t = 2\n") == outside
     assert changed(at("notebooks", "n.ipynb"), "[]\n") == outside
+    # Prose outside stages/ reaches the tests that read it, and those that say nothing; a
+    # stage's own prose is in its folder.
+    assert changed("README.md", "# R\n") == {"tests/ reading the README", "tests/"}
+    assert changed(at("bench", "results", "r.md"), "") == {"tests/"}
+    assert changed(at("stages", "03_c", "README.md"), "# C\n") == {"tests/ on c", "tests/"}
     assert changed(at("common", "new.py"), "") == {"stage b", *outside}  # untracked
     assert changed("build/out.so", "") == set()  # ignored by git
 

@@ -105,7 +105,7 @@ def test_stage_toml_is_checked(tmp_path):
 
 @pytest.mark.template
 @pytest.mark.reaches("01_z2xy")  # the stage it copies; of the others, what describes them
-@pytest.mark.reads("stages/*/stage.toml", "stages/*/README.md")
+@pytest.mark.reads("stages/*/stage.toml", "stages/*/README.md", "README.md")
 def test_a_copied_stage_is_built_and_tested_with_no_other_edit():
     """The acceptance check of the template: copy a stage folder under a new number, and the
     build and the test suite take it up; the README table test fails until its row is added."""

@@ -15,14 +15,20 @@ not ignore), and of the environment below. What a test can reach is read from wh
 * a stage's test (``stages/NN_name/test_*.py``): that stage's folder, and the folders of the
   stages it names in any of its files (the stages it compiles sources from, imports or loads:
   ``sources_from``, a folder name, ``stages.get(N)``), and theirs in turn; and every file outside
-  ``stages/`` but ``tests/``, ``notebooks/`` and ``bench/`` (common/, conftest.py, the
-  requirements, the Makefile, scripts/);
+  ``stages/`` but ``tests/``, ``notebooks/``, ``bench/`` and the prose (common/, conftest.py,
+  the requirements, the Makefile, scripts/);
 * a test elsewhere (tests/) with a stage among its parameters (a ``Stage``, or an object with a
   ``stage``, as an op's implementation has), or marked ``reaches("NN_name", ...)``: those stages'
-  folders, as above, and every file outside ``stages/``; a test marked ``reads("stages/*/x", ...)``
-  also (or only) the files of ``stages/`` that match those patterns; one marked ``reaches()``,
-  naming no stage, only the files outside ``stages/``;
+  folders, as above, and every file outside ``stages/`` but the prose; a test marked
+  ``reads("stages/*/x", "README.md", ...)`` also (or only) the files of ``stages/`` and the prose
+  that match those patterns; one marked ``reaches()``, naming no stage, only the files outside
+  ``stages/`` but the prose;
 * any other test: every file.
+
+The prose is the Markdown outside ``stages/`` (README.md, bench/README.md, the measurements under
+bench/results/): a test that reads it says so, with a ``reads`` mark or by marking nothing, so
+that a change of wording reruns the tests that check wording, not every test of every stage. A
+stage's own Markdown is in its folder, in its tests' reach.
 
 The environment: the interpreter and every installed distribution's version, the system's
 packages (dpkg's list), nvcc's version, the CPU's flags, the GPUs visible, and the variables that
@@ -83,6 +89,7 @@ _WORKER_OUTPUT = "workbook_results_reused"
 # Top folders a stage's tests do not read (the repository's own tests, the notebooks, the
 # benchmarks and their results).
 NOT_FOR_STAGES = ("tests/", "notebooks/", "bench/")
+PROSE = ".md"  # outside stages/, read only by the tests that say so (see the module docstring)
 # The variables that change what a test runs, or on what; of WORKBOOK_*, all but those that only
 # say where to log, how to print or how many to run at once.
 _VARIABLES = re.compile(r"(WORKBOOK_|TORCH|CUDA|NVIDIA_|OMP_|MKL_|KMP_|ASAN_|UBSAN_|TSAN_|LSAN_|"
@@ -154,7 +161,8 @@ class Inputs:
             names[folder] = folders_named(text, by_stage) - {folder}
         self._names = names
         self._reach: dict[str, frozenset[str]] = {}
-        outside = [n for n in files if stage_of_path(n) is None]
+        outside = [n for n in files if stage_of_path(n) is None and not n.endswith(PROSE)]
+        self.prose = [n for n in files if stage_of_path(n) is None and n.endswith(PROSE)]
         self.outside_stages = _digest(files, outside)
         self.for_stages = _digest(files, [n for n in outside if not n.startswith(NOT_FOR_STAGES)])
         self.whole = _digest(files, files)
@@ -174,8 +182,8 @@ class Inputs:
     def scope(self, path: str, stages_named: set[str], reads=None) -> tuple[str, str]:
         """What a test in `path` (relative to the repository) can reach, as (a description, a
         digest of it); `stages_named`: the stage folders among its parameters and marks;
-        `reads`: patterns of the files in stages/ it reads besides (its `reads` marks), or None
-        where it says nothing of what it reads (no `reads` or `reaches` mark)."""
+        `reads`: patterns of the files in stages/ and of the prose it reads besides (its `reads`
+        marks), or None where it says nothing of what it reads (no `reads` or `reaches` mark)."""
         own = stage_of_path(path)
         if own is not None:
             folders = self._union({own, *stages_named})
@@ -185,13 +193,14 @@ class Inputs:
             base = self.outside_stages
             described = [f"stages {', '.join(sorted(folders))}"] if folders else []
             if reads:
-                matching = [n for n in self.files if stage_of_path(n) is not None
-                            and any(fnmatch.fnmatchcase(n, p) for p in reads)]
+                readable = [n for n in self.files if stage_of_path(n) is not None] + self.prose
+                matching = [n for n in readable if any(fnmatch.fnmatchcase(n, p) for p in reads)]
                 base = hashlib.sha256(f"{base}\n{_digest(self.files, matching)}".encode()) \
                     .hexdigest()
                 described.append(f"the files {', '.join(sorted(reads))}")
             return ("".join(f"{d}, " for d in described[:-1]) +
-                    (f"{described[-1]} and " if described else "") + "every file outside stages/",
+                    (f"{described[-1]} and " if described else "") +
+                    "every file outside stages/ but the prose",
                     self._with(folders, base))
         return "every file", self.whole
 
@@ -267,8 +276,8 @@ def stages_named(item) -> set[str]:
 
 def files_read(item) -> tuple[str, ...] | None:
     """The patterns of a test's `reads` marks: files of stages/ it reads beyond the stages it
-    reaches; None where it has neither a `reads` nor a `reaches` mark (nothing said: it may read
-    any file)."""
+    reaches, and the prose it reads; None where it has neither a `reads` nor a `reaches` mark
+    (nothing said: it may read any file)."""
     marks = [*item.iter_markers("reads")]
     if not marks and next(iter(item.iter_markers("reaches")), None) is None:
         return None
@@ -523,10 +532,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "reaches(*stage_folders): the stages a test outside them runs, none where "
         "it names none (its results are kept while those stages and the files outside stages/ "
-        "are unchanged)")
+        "but the Markdown are unchanged)")
     config.addinivalue_line(
-        "markers", "reads(*patterns): files of stages/ a test outside them reads (glob patterns "
-        "relative to the repository, 'stages/*/stage.toml'), kept in its key as reaches' stages")
+        "markers", "reads(*patterns): files of stages/, and Markdown outside them, that a test "
+        "outside stages/ reads (glob patterns relative to the repository, "
+        "'stages/*/stage.toml', 'README.md'), kept in its key as reaches' stages")
     config.addinivalue_line(
         "markers", "keeps(*paths): files a test writes for a later step to read, kept with its "
         "result and put back when the result is reused")
