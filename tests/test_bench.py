@@ -258,3 +258,16 @@ def test_render_of_the_committed_lltm_report_gives_its_markdown():
     paths = harness.render(copy / "cpu-2threads.json")
     assert paths["md"].read_text() == (committed / "cpu-2threads.md").read_text()
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+FLOOR = stages.REPO / "bench" / "ms_deform_attn_floor.cpp"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on PATH to compile the probe")
+def test_the_floor_probe_compiles_with_its_run_cards_flags():
+    # The run card's own command, checked for errors only (its run takes seconds of timing).
+    card = re.search(r"^//   (g\+\+ .*) -o \S+$", FLOOR.read_text(), re.M)
+    assert card, f"{FLOOR.name}: no g++ command in its run card"
+    cmd = [*card.group(1).split(), "-fsyntax-only", "-Wall", "-Werror"]
+    proc = subprocess.run(cmd, cwd=stages.REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -25,11 +25,14 @@
 //   That is N M tasks: 8 per image for Deformable DETR's heads, enough for the cores a CPU
 //   training step has, with none idle for N M at or above the thread count.
 //
-// The napkin floor and the measured times are in the stage's README (`make bench`).
+// What the loads alone cost, the floor of both kernels at Deformable DETR's sizes:
+// bench/ms_deform_attn_floor.cpp. The kernels' times: make bench OP=ms_deform_attn
+// (bench/results/ms_deform_attn/).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -58,6 +61,119 @@ inline acc_t dot(const acc_t* a, const T* b, int64_t n) {
   return sum;
 }
 
+// One row of D channels in acc_t, and what the kernels do with it: the forward sums weighted rows
+// of value into it (add), the backward holds grad_output's row in it (load) and takes its dot
+// product with rows of value (dot) and adds it, weighted, into rows of value's gradient (scatter).
+// Each channel's sums run in the order of the calls, and dot's in the order of dot() above, so
+// the results are those of the plain loops, whatever the vectors.
+//
+// kD > 0 (the channels known at compile time): the row is kept as 64-byte vectors of GCC's and
+// Clang's vector extension, which the compiler holds in registers across the calls (the widest
+// the build targets: one zmm with AVX-512, two ymm with AVX2, four xmm with SSE2). A plain array
+// of kD channels, the obvious code, is kept on the stack instead, and every add then waits on a
+// store and a load of it. kD == 0: an array of D, for any other channel count.
+template <typename acc_t>
+struct Vector64;  // acc_t's 64-byte vector (declared apart: the attribute needs a known type)
+template <>
+struct Vector64<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+
+template <int kD, typename acc_t>
+struct Channels {
+  using Lanes = typename Vector64<acc_t>::type;
+  static constexpr int kWidth = sizeof(Lanes) / sizeof(acc_t);  // channels per vector
+  static constexpr int kVectors = kD / kWidth;
+  static constexpr int kParts = kLanes / kWidth;  // vectors of dot's kLanes partial sums
+  static_assert(kD % kLanes == 0 && kLanes % kWidth == 0, "kD: a multiple of kLanes");
+  Lanes row[kVectors];
+
+  explicit Channels(int64_t /*channels: kD*/) { clear(); }
+
+  void clear() {
+    for (auto& v : row) v = Lanes{};
+  }
+  template <typename T>
+  static Lanes vector(const T* v) {  // kWidth channels of T from v, in acc_t (unaligned)
+    Lanes x;
+    if constexpr (std::is_same_v<T, acc_t>) {
+      std::memcpy(&x, v, sizeof(x));
+    } else {
+      acc_t wide[kWidth];
+      for (int j = 0; j < kWidth; ++j) wide[j] = static_cast<acc_t>(v[j]);
+      std::memcpy(&x, wide, sizeof(x));
+    }
+    return x;
+  }
+  template <typename T>
+  void load(const T* v) {
+    for (int i = 0; i < kVectors; ++i) row[i] = vector(v + i * kWidth);
+  }
+  template <typename T>
+  void store(T* out) const {
+    acc_t sums[kD];
+    std::memcpy(sums, row, sizeof(sums));
+    for (int d = 0; d < kD; ++d) out[d] = static_cast<T>(sums[d]);
+  }
+  template <typename T>
+  void add(acc_t w, const T* v) {  // row += w v
+    for (int i = 0; i < kVectors; ++i) row[i] += w * vector(v + i * kWidth);
+  }
+  template <typename T>
+  acc_t dot(const T* v) const {  // row . v, as dot(row, v, kD)
+    Lanes part[kParts] = {};
+    for (int i = 0; i < kVectors; ++i) part[i % kParts] += row[i] * vector(v + i * kWidth);
+    acc_t lanes[kLanes];
+    std::memcpy(lanes, part, sizeof(lanes));
+    acc_t sum = 0;
+    for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+    return sum;
+  }
+  void scatter(acc_t w, acc_t* out) const {  // out += w row, for a row of acc_t
+    for (int i = 0; i < kVectors; ++i) {
+      Lanes x = vector(out + i * kWidth) + w * row[i];
+      std::memcpy(out + i * kWidth, &x, sizeof(x));
+    }
+  }
+};
+
+template <typename acc_t>
+struct Channels<0, acc_t> {
+  std::vector<acc_t> row;
+
+  explicit Channels(int64_t channels) : row(channels) {}
+  void clear() { std::fill(row.begin(), row.end(), acc_t(0)); }
+  template <typename T>
+  void load(const T* v) {
+    for (size_t d = 0; d < row.size(); ++d) row[d] = static_cast<acc_t>(v[d]);
+  }
+  template <typename T>
+  void store(T* out) const {
+    for (size_t d = 0; d < row.size(); ++d) out[d] = static_cast<T>(row[d]);
+  }
+  template <typename T>
+  void add(acc_t w, const T* v) {
+    const int64_t D = static_cast<int64_t>(row.size());
+    acc_t* a = row.data();
+    WORKBOOK_SIMD_LOOP
+    for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(v[d]);
+  }
+  template <typename T>
+  acc_t dot(const T* v) const {
+    return ms_deform_attn_kernels::dot(row.data(), v, static_cast<int64_t>(row.size()));
+  }
+  void scatter(acc_t w, acc_t* out) const {
+    const int64_t D = static_cast<int64_t>(row.size());
+    const acc_t* a = row.data();
+    WORKBOOK_SIMD_LOOP
+    for (int64_t d = 0; d < D; ++d) out[d] += w * a[d];
+  }
+};
+
 // The level table, one entry per level: its plane's size and where its rows start.
 struct Level {
   int64_t height, width, start;
@@ -81,13 +197,11 @@ WORKBOOK_CPU_CLONES void forward_rows(const Geometry& g, const std::vector<Level
                                       int64_t begin, int64_t end) {
   using acc_t = workbook::cpu::opmath_t<T>;
   const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points;
-  acc_t fixed[kD > 0 ? kD : 1];
-  std::vector<acc_t> dynamic(kD > 0 ? 0 : D);
-  acc_t* acc = kD > 0 ? fixed : dynamic.data();
+  Channels<kD, acc_t> acc(D);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t n = r / g.queries;
     for (int64_t m = 0; m < M; ++m) {
-      std::fill(acc, acc + D, acc_t(0));
+      acc.clear();
       const int64_t head = r * M + m;  // (n, q, m)
       const T* loc = locations + head * L * P * 2;
       const T* weight = weights + head * L * P;
@@ -106,16 +220,13 @@ WORKBOOK_CPU_CLONES void forward_rows(const Geometry& g, const std::vector<Level
           const acc_t a = static_cast<acc_t>(weight[k]);
           for (int c = 0; c < 4; ++c) {
             if (!s.valid(c)) continue;
-            const acc_t w = a * s.weight(c);
-            const T* v = plane + s.index(c) * M * D;  // the corner's row: M D apart per pixel
-            WORKBOOK_SIMD_LOOP
-            for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<acc_t>(v[d]);
+            // The corner's row: M D apart per pixel.
+            acc.add(a * s.weight(c), plane + s.index(c) * M * D);
           }
           // END EXERCISE msda-corner-blend
         }
       }
-      T* o = out + head * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d]);
+      acc.store(out + head * D);
     }
   }
 }
@@ -154,28 +265,42 @@ WORKBOOK_CPU_CLONES void backward_tasks(const Geometry& g, const std::vector<Lev
                                         T* grad_weights, Wanted want, int64_t begin, int64_t end) {
   using acc_t = workbook::cpu::opmath_t<T>;
   const int64_t M = g.heads, D = kD > 0 ? kD : g.channels, L = g.levels, P = g.points, S = g.values;
-  // Half and bfloat16 sum value's gradient in float, in a buffer of the task's rows.
-  constexpr bool kWiden = !std::is_same_v<acc_t, T>;
   const bool dots = want.locations || want.weights;
-  acc_t fixed[kD > 0 ? kD : 1];
-  std::vector<acc_t> dynamic(kD > 0 ? 0 : D), widened(kWiden && want.value ? S * D : 0);
-  acc_t* grad = kD > 0 ? fixed : dynamic.data();
+  // The task's rows of value, (n, :, m), lie M D apart, among every head's, and so do those of
+  // its gradient. A task with at least as many samples as rows (the encoder's: 16 a row) first
+  // copies its value rows into a buffer of its own, [S, D], and sums their gradient in another:
+  // its samples then read and add into 2 S D elements side by side, not into rows spread over
+  // all of value and its gradient, each a miss in the caches and the TLB. A task with fewer (the
+  // decoder's queries) reads and adds in place, as copying would cost more than it saves. Half
+  // and bfloat16 sum the gradient in a buffer always, in float.
+  constexpr bool kWiden = !std::is_same_v<acc_t, T>;
+  const bool many = g.queries * L * P >= S;
+  const bool copy_value = dots && many;
+  const bool own_grad = want.value && (kWiden || many);
+  std::vector<T> value_rows(copy_value ? S * D : 0);
+  std::vector<acc_t> grad_rows(own_grad ? S * D : 0);
+  Channels<kD, acc_t> grad(D);  // grad_output's row of the (query, head)
   for (int64_t task = begin; task < end; ++task) {
     const int64_t n = task / M, m = task % M;
-    // The task's value rows (n, :, m): row s at s * row_stride.
-    const int64_t row_stride = kWiden ? D : M * D;
-    acc_t* gv_wide = widened.data();
-    T* gv_own = kWiden ? nullptr : grad_value + (n * S * M + m) * D;
-    if (kWiden) std::fill(widened.begin(), widened.end(), acc_t(0));
+    const T* head_value = value + (n * S * M + m) * D;                       // row s at s M D
+    T* head_grad = want.value ? grad_value + (n * S * M + m) * D : nullptr;  // the same
+    if (copy_value) {
+      for (int64_t s = 0; s < S; ++s) {
+        std::copy(head_value + s * M * D, head_value + s * M * D + D, value_rows.data() + s * D);
+      }
+    }
+    const T* rows = copy_value ? value_rows.data() : head_value;
+    const int64_t value_stride = copy_value ? D : M * D;
+    std::fill(grad_rows.begin(), grad_rows.end(), acc_t(0));
     for (int64_t q = 0; q < g.queries; ++q) {
       const int64_t head = (n * g.queries + q) * M + m;
       const T* go = grad_output + head * D;
-      for (int64_t d = 0; d < D; ++d) grad[d] = static_cast<acc_t>(go[d]);
+      grad.load(go);
       const T* loc = locations + head * L * P * 2;
       const T* weight = weights + head * L * P;
       for (int64_t l = 0; l < L; ++l) {
         const Level& lv = levels[l];
-        const T* plane = value + ((n * S + lv.start) * M + m) * D;
+        const T* plane = rows + lv.start * value_stride;
         for (int64_t p = 0; p < P; ++p) {
           const int64_t k = l * P + p;
           const auto s = workbook::ms_deform_attn::locate<acc_t>(static_cast<acc_t>(loc[2 * k]),
@@ -188,7 +313,7 @@ WORKBOOK_CPU_CLONES void backward_tasks(const Geometry& g, const std::vector<Lev
               if (!s.valid(c)) continue;
               const int64_t row = lv.start + s.index(c);
               if (dots) {
-                const acc_t corner = dot(grad, plane + s.index(c) * M * D, D);
+                const acc_t corner = grad.dot(plane + s.index(c) * value_stride);
                 sample += s.weight(c) * corner;
                 d_dx += s.d_weight_dx(c) * corner;
                 d_dy += s.d_weight_dy(c) * corner;
@@ -196,13 +321,9 @@ WORKBOOK_CPU_CLONES void backward_tasks(const Geometry& g, const std::vector<Lev
               if (want.value) {
                 const acc_t w = a * s.weight(c);
                 if constexpr (kWiden) {
-                  acc_t* gv = gv_wide + row * row_stride;
-                  WORKBOOK_SIMD_LOOP
-                  for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
-                } else {
-                  T* gv = gv_own + row * row_stride;
-                  WORKBOOK_SIMD_LOOP
-                  for (int64_t d = 0; d < D; ++d) gv[d] += w * grad[d];
+                  grad.scatter(w, grad_rows.data() + row * D);
+                } else {  // T is acc_t
+                  grad.scatter(w, own_grad ? grad_rows.data() + row * D : head_grad + row * M * D);
                 }
               }
             }
@@ -221,14 +342,10 @@ WORKBOOK_CPU_CLONES void backward_tasks(const Geometry& g, const std::vector<Lev
         }
       }
     }
-    if constexpr (kWiden) {
-      if (want.value) {
-        T* dst = grad_value + (n * S * M + m) * D;
-        for (int64_t s = 0; s < S; ++s) {
-          for (int64_t d = 0; d < D; ++d) {
-            dst[s * M * D + d] = static_cast<T>(widened[s * D + d]);
-          }
-        }
+    if (own_grad) {
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t d = 0; d < D; ++d)
+          head_grad[s * M * D + d] = static_cast<T>(grad_rows[s * D + d]);
       }
     }
   }
