@@ -2,8 +2,10 @@
 folder compiles nothing its twin compiled, and shown to, with ccache itself, on a small file laid
 out as a stage's build lays out its objects (no torch: it compiles in a fraction of a second);
 and the order `make test` builds the stages in, so that a stage finds in the cache what another
-compiled (workbook.build.side_by_side)."""
+compiled (workbook.build.side_by_side). Last, what a build needs of torch itself, kept between
+processes so that a build process need not load torch (workbook.build.compiler.torch_facts)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -131,3 +133,31 @@ def test_the_builds_start_in_that_order(monkeypatch, tmp_path):
     assert side_by_side.build_side_by_side([]) == 0
     started = {name: float((tmp_path / name).read_text()) for name in ("small", "big", "other")}
     assert started["small"] < started["other"] and started["big"] < started["other"]
+
+
+def test_what_a_build_needs_of_torch_is_kept_and_asked_again_for_another_setting(tmp_path):
+    import torch
+
+    env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(compiler.REPO / "common"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    code = ("import json, sys\nfrom workbook.build import compiler\n"
+            "facts = compiler.torch_facts()\n"
+            "print(json.dumps([facts, 'torch' in sys.modules]))\n")
+
+    def ask(**extra) -> tuple[dict, bool]:
+        result = subprocess.run([sys.executable, "-c", code], env=dict(env, **extra),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return tuple(json.loads(result.stdout))
+
+    first, loaded = ask()
+    assert loaded  # nothing kept yet: torch answers
+    assert first == {"version": torch.__version__,
+                     "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                     "openmp": "OpenMP" in torch.__config__.parallel_info()}
+    assert ask() == (first, False)  # kept: torch is not loaded
+    other, loaded = ask(ATEN_CPU_CAPABILITY="default")
+    assert loaded and other["cpu_capability"] == "DEFAULT"

@@ -14,8 +14,7 @@ import pytest
 
 from workbook import testing
 from workbook.build import stages, toolkit
-from workbook.teaching import exercises
-from workbook.testing import pytest_gate
+from workbook.teaching import exercises, pytest_gate
 
 REPO = stages.REPO
 STAGES = stages.all_stages()
@@ -586,7 +585,7 @@ def test_a_signal_is_told_with_what_it_means_for_a_kernel():
 @pytest.mark.reaches()
 @pytest.mark.parametrize("word", [pytest_gate.GO, "not run: the copy did not build"])
 def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
-    """make verify starts pytest before the copy is built (workbook.testing.pytest_gate): nothing
+    """make verify starts pytest before the copy is built (workbook.teaching.pytest_gate): nothing
     is collected until the gate says `go`; any other word ends the run with no test run."""
     collected = tmp_path / "collected"  # written when pytest imports the test file
     (tmp_path / "test_one.py").write_text(f"open({str(collected)!r}, 'w').close()\n\n\n"
@@ -594,7 +593,7 @@ def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
     gate = tmp_path / "gate"
     env = dict(os.environ, **{pytest_gate.ENV: str(gate)})
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "-p", "workbook.testing.pytest_gate", "--rootdir", str(tmp_path),
+                             "-p", "workbook.teaching.pytest_gate", "--rootdir", str(tmp_path),
                              str(tmp_path / "test_one.py")], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -609,6 +608,25 @@ def test_the_tests_wait_at_the_gate_until_the_build_says(tmp_path, word):
         assert proc.returncode == 0 and "1 passed" in out, out
     else:
         assert proc.returncode == 3 and word in out and "passed" not in out, out
+
+
+@pytest.mark.reaches(stages.get(1).folder)
+def test_make_verify_itself_loads_no_torch():
+    """make verify's own process starts the build and the tests without importing torch (seconds
+    before either could start): its tests' process loads torch beside the compiler, and the
+    race checker, which needs it, loads only for a copy whose kernels cooperate."""
+    code = ("import sys\n"
+            "from workbook.build import stages\n"
+            "from workbook.teaching import exercises\n"
+            "s = stages.get(1)\n"
+            "assert exercises._racecheck(s, s.source_dir, [], {}, {}) == []\n"
+            "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:3])\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stages.REPO / "common"),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"make verify's process imports {result.stdout}"
 
 
 @pytest.mark.exercises

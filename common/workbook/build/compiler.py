@@ -11,7 +11,9 @@ setup.py, the JIT stage and the emulated CUDA device share.
 * everything built lands under ``build/`` at the repository root (``WORKBOOK_BUILD_DIR``
   overrides it): setup.py's temporary folders and JIT builds too (`setup_options`, `jit_dir`);
 * torch's builder finds this interpreter's ninja and, where installed, a compiler cache
-  (`prepare`).
+  (`prepare`);
+* what the flags need of torch itself (its version, ABI, CPU capability) is asked once and kept
+  (`torch_facts`): a build process need not load torch before its compiler starts.
 
 Building a stage is `workbook.build.builder`; importing it, `workbook.build.loader`.
 """
@@ -19,6 +21,9 @@ Building a stage is `workbook.build.builder`; importing it, `workbook.build.load
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -39,11 +44,53 @@ def include_dirs() -> list[str]:
     return [str(COMMON_INCLUDE)]
 
 
-def torch_cxx11_abi() -> int:
-    """The C++11 ABI setting torch was built with (1 on every recent Linux wheel)."""
+def torch_facts() -> dict:
+    """What the flags and a build's record need of torch itself: its version, the C++11 ABI it was
+    built with, the CPU capability ATen runs at here, whether it parallelises with OpenMP.
+
+    Loading torch to ask takes seconds, and a build process asks before it compiles (make
+    verify's, on every try). So the answers are kept in build/torch-facts.json under a key of
+    what they depend on: torch's files (their size and time), this CPU's flags and
+    ATEN_CPU_CAPABILITY. Another torch, machine or setting asks torch again.
+    """
+    key = _torch_facts_key()
+    kept = build_root() / "torch-facts.json"
+    try:
+        facts = json.loads(kept.read_text())
+        if facts.pop("key") == key:
+            return facts
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass  # none kept yet, or kept for another torch or machine
     import torch
 
-    return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    facts = {"version": torch.__version__, "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+             "openmp": "OpenMP" in torch.__config__.parallel_info()}
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}")  # whole, then moved into place
+    partial.write_text(json.dumps({"key": key, **facts}))
+    partial.replace(kept)
+    return facts
+
+
+def _torch_facts_key() -> str:
+    spec = importlib.util.find_spec("torch")  # where it is, without importing it
+    folder = Path(spec.origin).parent if spec and spec.origin else None
+    files = [] if folder is None else [folder / "version.py", *sorted(folder.glob("_C*.so")),
+                                       *sorted((folder / "lib").glob("libtorch_cpu.*"))]
+    stamps = [f"{f} {f.stat().st_size} {f.stat().st_mtime_ns}" for f in files if f.is_file()]
+    try:
+        cpu = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                   if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        cpu = sys.platform
+    text = "\n".join([*stamps, cpu, os.environ.get("ATEN_CPU_CAPABILITY", "")])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def torch_cxx11_abi() -> int:
+    """The C++11 ABI setting torch was built with (1 on every recent Linux wheel)."""
+    return torch_facts()["cxx11_abi"]
 
 
 def cxx11_abi() -> int:
@@ -130,9 +177,7 @@ def openmp_flags() -> list[str]:
     every Linux wheel is): the extension must be compiled with -fopenmp or the loop runs serially.
     Linking with -fopenmp adds libgomp.so.1, the same library torch already loaded.
     """
-    import torch
-
-    openmp = "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+    openmp = torch_facts()["openmp"] and sys.platform.startswith("linux")
     return ["-fopenmp"] if openmp else []
 
 
@@ -150,9 +195,7 @@ def cpu_simd_flags() -> list[str]:
     choice = os.environ.get("WORKBOOK_CPU_SIMD", "1").upper()
     if choice == "0":
         return []
-    import torch
-
-    capability = torch.backends.cpu.get_cpu_capability()
+    capability = torch_facts()["cpu_capability"]
     if capability == "AVX512" and choice != "AVX2":
         isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
     elif capability in ("AVX512", "AVX2"):

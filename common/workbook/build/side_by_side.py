@@ -168,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.require_cuda:
         os.environ.setdefault(stages.NVCC, "1")
-    chosen = emulate.choose_builds()  # the stages' processes inherit the choice, and say nothing
-    if chosen:
-        print(f"[build] {chosen}", flush=True)
     every = args.stage == ["all"]
     targets = stages.all_stages() if every else [stages.get(s) for s in args.stage]
+    # The stages' processes inherit the choice, and say nothing. Only a CUDA stage asks: the
+    # question loads torch (seconds, before the first compile of `make verify 1`, say).
+    chosen = emulate.choose_builds() if any(s.cuda for s in targets) else None
+    if chosen:
+        print(f"[build] {chosen}", flush=True)
     if args.require_cuda and any(s.cuda for s in targets) and cuda_toolkit() is None:
         print(f"[build] no CUDA toolkit for the CUDA stages: {toolkit.reason()}")
         return 1

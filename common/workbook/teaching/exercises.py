@@ -52,7 +52,7 @@ from pathlib import Path
 
 from workbook.build import stages
 from workbook.build.stages import REPO, Stage, build_root
-from workbook.testing import pytest_gate, pytest_running
+from workbook.teaching import pytest_gate, pytest_running
 
 WORK_DIR = REPO / "exercises"
 
@@ -843,7 +843,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
 
     junit = base / "report.xml"
     junit.unlink(missing_ok=True)
-    running = base / "running.txt"  # the test that started last (workbook.testing.pytest_running)
+    running = base / "running.txt"  # the test that started last (workbook.teaching.pytest_running)
     running.unlink(missing_ok=True)
     run_env[pytest_running.ENV] = str(running)
     targets = [str(copy / t) for t in dict.fromkeys(tests)] if tests else [str(copy)]
@@ -852,7 +852,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:hypothesispytest", "-c",
            str(REPO / "pyproject.toml"), "--rootdir", str(copy),
            "-p", "workbook.testing.pytest_emulated", "-p", "workbook.testing.pytest_timings",
-           "-p", "workbook.testing.pytest_running", "-p", "workbook.testing.pytest_gate",
+           "-p", "workbook.teaching.pytest_running", "-p", "workbook.teaching.pytest_gate",
            f"--junitxml={junit}", "-o", "junit_family=xunit1", *targets, *pytest_args]
     reports, test_env = None, dict(run_env)
     if sanitize:
@@ -862,7 +862,7 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
         cmd.insert(cmd.index(f"--junitxml={junit}"), "--capture=sys")
         reports = sanitizers.Reports()
         test_env = sanitizers.with_runtimes(run_env, sanitizers.runtimes())
-    # pytest starts now and waits at a gate (workbook.testing.pytest_gate) while the copy builds:
+    # pytest starts now and waits at a gate (workbook.teaching.pytest_gate) while the copy builds:
     # its interpreter and torch load on one core as the compiler runs on another.
     gate = base / "gate"
     gate.unlink(missing_ok=True)
@@ -922,11 +922,12 @@ def _racecheck(s: Stage, copy: Path, pytest: list[str], env: dict, rewrite: dict
     cases (workbook.net.racecheck.check_copy), and the races found, their paths the work copy's.
     A missing barrier is a race whether or not the numbers came out right."""
     from workbook.build import emulate
-    from workbook.net import racecheck
 
     kernels = [p.read_text() for p in sorted(copy.rglob("*")) if p.suffix in GPU_SUFFIXES]
     if not (s.cuda and emulate.active() and emulate.cooperating(kernels)):
         return []
+    from workbook.net import racecheck  # (it loads torch: only for a copy that needs it)
+
     print(f"[verify] racecheck: the tests again, small cases in float32, on your kernels built "
           f"with ThreadSanitizer (make racecheck {s.number} runs every case) ...", flush=True)
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """A pytest that starts before what it tests is built, and waits at a gate to collect it.
 
-    WORKBOOK_GATE=/tmp/gate pytest -p workbook.testing.pytest_gate ...
+    WORKBOOK_GATE=/tmp/gate pytest -p workbook.teaching.pytest_gate ...
 
 The process loads as usual (the interpreter, pytest, its plugins, torch: seconds), then, before
 collecting, waits until the file named by WORKBOOK_GATE says `go`; anything else written there
@@ -11,11 +11,18 @@ done on the other by the time the library is ready. The test modules, which impo
 stage, are imported only after `go`.
 
 If whoever started the process goes away before opening the gate, the process stops waiting.
+
+At the other end, once the report and the JUnit file are written, the process leaves at once,
+with pytest's exit status: the interpreter's teardown, with torch and its compiler stack loaded,
+takes a second, all of it after the verdict. Not under a preloaded sanitizer runtime, whose own
+exit hooks decide the status.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +30,8 @@ import pytest
 
 ENV = "WORKBOOK_GATE"
 GO = "go"
+
+_status = pytest.StashKey[int]()
 
 
 def pytest_configure(config):
@@ -44,6 +53,20 @@ def pytest_collection(session):
     if word != GO:
         pytest.exit(f"{ENV}: {word}", returncode=3)
     return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_status] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if not os.environ.get(ENV) or "LD_PRELOAD" in os.environ or _status not in config.stash:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)  # what C++ wrote through stdio, too
+    os._exit(config.stash[_status])
 
 
 def open_gate(path: Path, word: str = GO) -> None:

@@ -1,7 +1,7 @@
 """The test that is running, kept in a file: a process that dies inside a test (a signal: a write
 out of bounds, a corrupted heap's abort) leaves the test's name behind for whoever started it.
 
-    WORKBOOK_RUNNING=/tmp/running.txt pytest -p workbook.testing.pytest_running ...
+    WORKBOOK_RUNNING=/tmp/running.txt pytest -p workbook.teaching.pytest_running ...
 
 The file holds the node id of the test that started last, and is emptied when it ends. `make
 verify` reads it when pytest dies of a signal (workbook.teaching.exercises), to say which test
