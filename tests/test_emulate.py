@@ -239,8 +239,16 @@ print("limits ok")
 
 def run_fresh(code: str, timeout: int = 900, env: dict | None = None
               ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    """`code` in a new interpreter, its output unbuffered and a fatal signal answered with the
+    Python stack of every thread (faulthandler): a child that dies says where."""
+    return subprocess.run([sys.executable, "-u", "-X", "faulthandler", "-c", code],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def told(result: subprocess.CompletedProcess) -> str:
+    """What a child said, the ends of both streams, for a failed assertion."""
+    return (f"exit {result.returncode}\nstdout: ...{result.stdout[-2000:]}\n"
+            f"stderr: ...{result.stderr[-3000:]}")
 
 
 @pytest.mark.cuda
@@ -251,7 +259,7 @@ def test_launches_past_cudas_limits_are_refused_with_cudas_error():
     code = f"SOURCE = {str(source)!r}\nfrom pathlib import Path\nSOURCE = Path(SOURCE)\n" \
            f"BUILD = Path({str(folder / 'build')!r})\n" + LIMITS_CHECKS
     result = run_fresh(code)
-    assert result.returncode == 0 and "limits ok" in result.stdout, result.stderr[-3000:]
+    assert result.returncode == 0 and "limits ok" in result.stdout, told(result)
 
 
 # The bug planted: two corner weights swapped in stage 07's sampling kernel (forward only).
@@ -265,6 +273,7 @@ from workbook.build import emulate
 from workbook.spec import compare
 import extops  # the stage's own build (PYTHONPATH: mutant_env), with its CPU and CUDA kernels
 emulate.build_kernels("emulate_mutant_test", SOURCES, BUILD)   # instead of the stage's own
+print("mutant loaded")  # (a child that dies after this line died in the check or at exit)
 spec = ops.get("deform_conv2d")
 sample = spec.make(spec.case("b2_c4_o5_k3_pad1"), device=emulate.DEVICE, dtype=torch.float64)
 result = compare(extops.deform_conv2d, spec, sample)
@@ -304,8 +313,7 @@ def test_a_mutation_of_a_stage_kernel_fails_against_the_reference():
     folder = stages.empty_build_folder("test-emulate", "swapped-weights")
     code = mutant_script(folder, SWAPPED, folder / "build")
     result = run_fresh(code, env=mutant_env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "MUTANT CAUGHT" in result.stdout, result.stdout[-2000:]
+    assert result.returncode == 0 and "MUTANT CAUGHT" in result.stdout, told(result)
 
 
 def test_the_test_base_runs_cuda_tests_where_it_says():
