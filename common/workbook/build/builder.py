@@ -229,11 +229,8 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
     # with other flags (the record says so, setuptools does not look); ninja still recompiles
     # only the objects whose source or command line changed.
     cmd = [sys.executable, "setup.py", "build", "--force"]
-    with open(log, "w") as out, subprocess.Popen(cmd, cwd=s.source_dir, env=env, stdout=out,
-                                                 stderr=subprocess.STDOUT) as proc:
-        # What it is built with, worked out while it builds: that loads torch, which the
-        # compile need not wait for (seconds of make verify's loop).
-        record = build_record(s)
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=s.source_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         errors = _first_errors(log)
         first = next((ln.strip() for ln in errors.splitlines() if ": error: " in ln), None)
@@ -243,7 +240,7 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
         raise BuildFailed(message)
     if s.cuda:
         _toolkit_stamp(s).write_text(_toolkit_used(s))
-    _record_file(s).write_text(record)
+    _record_file(s).write_text(build_record(s))
     took = time.perf_counter() - start
     runlog.record("build", s.label, took, stage=f"{s.number:02d}", flavour=_flavour(s))
     if not quiet:
