@@ -681,6 +681,38 @@ def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsy
 
 
 @pytest.mark.exercises
+@pytest.mark.reaches(stages.get(4).folder)
+def test_a_compile_error_in_an_emulated_kernel_stops_make_verify_before_any_test(tmp_path,
+                                                                                capsys):
+    """Stage 04's forward kernel calling `sigmoid` without `workbook::`: without a GPU the kernels
+    are built for the emulated device as a step of their own, and the loop stops there with
+    gcc's line in the learner's copy, once, and no test run (none on a library of an earlier
+    build)."""
+    from workbook.build import emulate
+
+    s = stages.get(4)
+    if not emulate.active():
+        pytest.skip("a GPU is visible: make verify builds the kernels with nvcc there")
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    e = exercises.get(s, "cuda-forward-kernel")
+    kernels = work / e.relpath
+    lines = kernels.read_text().splitlines(keepends=True)
+    call = next(k for k in range(e.start, len(lines)) if "workbook::sigmoid(" in lines[k])
+    lines[call] = lines[call].replace("workbook::sigmoid(", "sigmoid(", 1)
+    kernels.write_text("".join(lines))
+    base = stages.empty_build_folder("test-exercises", f"{s.folder}-compile-error")
+    report = exercises.verify(s, work, base=base)
+    out = capsys.readouterr().out
+    where = f"{e.relpath}:{call + 1}:"
+    errors = [ln for ln in out.splitlines() if where in ln and "error:" in ln]
+    assert not report.built and report.exit_code != 0, out[-3000:]
+    assert errors and all("sigmoid" in ln for ln in errors), out[-3000:]
+    assert len(set(errors[1:])) == len(errors[1:]), out[-3000:]  # after the first, each once
+    assert "does not build" in out and not report.results, out[-3000:]
+
+
+@pytest.mark.exercises
 @pytest.mark.reaches(cooperating_stage().folder)
 def test_a_missing_barrier_in_an_exercise_is_a_race_make_verify_names(tmp_path):
     """The tile loop solved, but without its second barrier: make verify's race check names the

@@ -137,7 +137,8 @@ def first_errors(text: str, limit: int = 12, where: Path | None = None) -> str:
     lines = text.splitlines()
     errors = [ln for ln in lines if "error" in ln.lower() and not ln.lstrip().startswith("File ")
               and not re.search(r"\[\d+/\d+\] ", ln)]
-    shown = errors[:limit] or lines[-limit:]
+    # Each error once: a template's body fails alike in every instantiation (one per dtype).
+    shown = list(dict.fromkeys(errors))[:limit] or lines[-limit:]
     if where is not None:
         shown = [_RELATIVE.sub(lambda m: _from_repo(where, m.group(0)), ln) for ln in shown]
     return "--- first errors ---\n" + "\n".join(shown)
@@ -188,8 +189,9 @@ def build_stage(number_or_folder: int | str | Stage, *, quiet: bool = False,
 
             if s.cpu_only and emulate.active():  # make verify without a GPU, say
                 raise StageSkipped(f"stage {s.number} ({s.folder}): no nvcc build ({why}); its "
-                                   f"CUDA kernels are emulated on the CPU, built when its tests "
-                                   f"import it")
+                                   f"CUDA kernels are emulated on the CPU, built apart "
+                                   f"(python -m workbook.build.emulate build {s.number}), or when "
+                                   f"its tests import them")
             raise StageSkipped(f"stage {s.number} ({s.folder}) skipped: CUDA only, and no CUDA "
                                f"build here ({why})")
         cpu_only = f" CPU-only, without its CUDA kernels ({why}),"

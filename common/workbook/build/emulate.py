@@ -84,6 +84,11 @@ def setting() -> str:
 
 
 def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU. On Linux without an NVIDIA device node (/dev/nvidia0, or
+    WSL's /dev/dxg) it cannot: said without loading torch, which takes seconds."""
+    if sys.platform.startswith("linux") and not (any(Path("/dev").glob("nvidia[0-9]*"))
+                                                 or Path("/dev/dxg").exists()):
+        return False
     import torch
 
     return bool(torch.version.cuda) and torch.cuda.is_available()
@@ -801,7 +806,11 @@ def main(argv: list[str] | None = None) -> int:
     how = "whole, as a copy of its package" if p.whole else "as an add-on to its package"
     print(f"[emulate] {s.label}: {', '.join(src.name for src in p.sources)}, built {how}",
           flush=True)
-    load_stage(s)
+    try:
+        load_stage(s)
+    except BuildFailed as failed:  # its first compiler errors, without a traceback
+        print(f"[emulate] {failed}", flush=True)
+        return 1
     return 0
 
 

@@ -821,7 +821,8 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
     run_env = dict(os.environ, **(env or {}))
     from workbook.build import emulate
 
-    if s.cuda and emulate.active() and "WORKBOOK_NO_CUDA" not in run_env:
+    emulated = s.cuda and emulate.active()
+    if emulated and "WORKBOOK_NO_CUDA" not in run_env:
         # Without a GPU the CUDA tests run on the emulated device, which compiles the copy's .cu
         # with the host compiler: an nvcc build of the copy would never run. (make nvcc-check
         # compiles the stages' CUDA files with nvcc.)
@@ -876,6 +877,13 @@ def verify(number_or_stage: int | str | Stage, work: Path | None = None, *,
         else:
             build_cmd = [sys.executable, "-m", "workbook.build", str(copy)]
             built = _stream(build_cmd, run_env, REPO, rewrite) == 0
+        if built and emulated and s.kind != "jit" and not sanitize:
+            # The kernels the tests will load, built here, where a compile error stops the loop
+            # before any test runs (the tests' process then finds them built). Not the
+            # sanitizer's build, which loads only under its runtime: its tests build it.
+            print("[verify] building your CUDA kernels for the emulated device ...", flush=True)
+            emulate_cmd = [sys.executable, "-m", "workbook.build.emulate", "build", str(copy)]
+            built = _stream(emulate_cmd, run_env, REPO, rewrite) == 0
         report = Report(s, built)
         if not built:
             pytest_gate.open_gate(gate, "not run: the copy did not build")
