@@ -83,6 +83,28 @@ struct Vector64<double> {
   typedef double type __attribute__((vector_size(64)));
 };
 
+// float16 to float, 16 channels at once, exactly as c10::Half converts one: in 32-bit lanes
+// (h: sign, 5 exponent bits, 10 mantissa bits), a normal number's exponent and mantissa move to
+// float's places and a multiply by 2^-112 rebiases the exponent (15 to 127), which also keeps
+// infinities and NaNs; a subnormal (exponent 0) is its mantissa m read as 0.5 + m 2^-24, less 0.5.
+// Both are computed, and the exponent picks one. c10::Half widens one value per call (a scalar
+// vcvtph2ps with F16C): over 32 channels of 4 corners a sample, that conversion was the forward's
+// time at float16. These lanes are vectors any x86-64 target has (SSE2 up), in every clone.
+inline Vector64<float>::type widen_halves(const void* halves) {
+  using Floats = Vector64<float>::type;
+  typedef uint32_t Bits __attribute__((vector_size(64)));
+  typedef uint16_t Narrow __attribute__((vector_size(32)));
+  Narrow narrow;
+  std::memcpy(&narrow, halves, sizeof(narrow));
+  const Bits h = __builtin_convertvector(narrow, Bits);
+  const Bits sign = (h & 0x8000u) << 16;
+  const Bits magnitude = h << 17;  // exponent and mantissa at the top, the sign shifted out
+  const Floats normal = (Floats)((magnitude >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const Floats subnormal = (Floats)((magnitude >> 17) | (126u << 23)) - 0.5f;
+  const Bits is_subnormal = (Bits)(magnitude < (1u << 27));  // all ones where the exponent is 0
+  return (Floats)(sign | (is_subnormal & (Bits)subnormal) | (~is_subnormal & (Bits)normal));
+}
+
 template <int kD, typename acc_t>
 struct Channels {
   using Lanes = typename Vector64<acc_t>::type;
@@ -102,6 +124,8 @@ struct Channels {
     Lanes x;
     if constexpr (std::is_same_v<T, acc_t>) {
       std::memcpy(&x, v, sizeof(x));
+    } else if constexpr (std::is_same_v<T, c10::Half> && std::is_same_v<acc_t, float>) {
+      x = widen_halves(v);
     } else {
       acc_t wide[kWidth];
       for (int j = 0; j < kWidth; ++j) wide[j] = static_cast<acc_t>(v[j]);
