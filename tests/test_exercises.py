@@ -647,6 +647,20 @@ def test_a_test_process_that_dies_is_named_with_its_test(tmp_path, capsys):
     assert "`make verify 1 SANITIZE=1 TEST='test_dies.py::test_dies'`" in out
 
 
+def solved_copy_with(tmp_path, s, exercise: str, old: str, new: str):
+    """A carved and solved copy of stage s with a planted fault: `old` made `new` on the first
+    line of `exercise` that has it. Returns the copy, the exercise and that line's index."""
+    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
+    exercises.reveal(s, work=work)
+    e = exercises.get(s, exercise)
+    path = work / e.relpath
+    lines = path.read_text().splitlines(keepends=True)
+    k = next(k for k in range(e.start, len(lines)) if old in lines[k])
+    lines[k] = lines[k].replace(old, new, 1)
+    path.write_text("".join(lines))
+    return work, e, k
+
+
 @pytest.mark.exercises
 @pytest.mark.reaches(stages.get(4).folder)
 def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsys):
@@ -660,14 +674,8 @@ def test_an_out_of_bounds_write_is_found_by_make_verify_sanitize(tmp_path, capsy
         pytest.skip("a GPU is visible: make verify runs the CUDA tests there, where "
                     "AddressSanitizer does not see device code (WORKBOOK_CUDA=emulate forces the "
                     "emulated device)")
-    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
-    exercises.reveal(s, work=work)
-    e = exercises.get(s, "cuda-forward-kernel")
-    kernels = work / e.relpath
-    lines = kernels.read_text().splitlines(keepends=True)
-    guard = next(k for k in range(e.start, len(lines)) if "if (n >= numel) return;" in lines[k])
-    lines[guard] = lines[guard].replace("n >= numel", "n > numel")
-    kernels.write_text("".join(lines))
+    work, e, guard = solved_copy_with(tmp_path, s, "cuda-forward-kernel", "n >= numel",
+                                      "n > numel")
     base = stages.empty_build_folder("test-exercises", f"{s.folder}-sanitize")
     report = exercises.verify(s, work, base=base, sanitize=True,
                               tests=["test_lltm_cuda_raw.py::test_against_reference"])
@@ -693,14 +701,8 @@ def test_a_compile_error_in_an_emulated_kernel_stops_make_verify_before_any_test
     s = stages.get(4)
     if not emulate.active():
         pytest.skip("a GPU is visible: make verify builds the kernels with nvcc there")
-    work = exercises.carve(s, tmp_path / "exercises" / s.folder, quiet=True)
-    exercises.reveal(s, work=work)
-    e = exercises.get(s, "cuda-forward-kernel")
-    kernels = work / e.relpath
-    lines = kernels.read_text().splitlines(keepends=True)
-    call = next(k for k in range(e.start, len(lines)) if "workbook::sigmoid(" in lines[k])
-    lines[call] = lines[call].replace("workbook::sigmoid(", "sigmoid(", 1)
-    kernels.write_text("".join(lines))
+    work, e, call = solved_copy_with(tmp_path, s, "cuda-forward-kernel", "workbook::sigmoid(",
+                                     "sigmoid(")
     base = stages.empty_build_folder("test-exercises", f"{s.folder}-compile-error")
     report = exercises.verify(s, work, base=base)
     out = capsys.readouterr().out
