@@ -371,6 +371,21 @@ def test_the_summary_shows_the_detail_a_heading_introduces(tmp_path, capsys):
             f"reference: {detail}\n") in capsys.readouterr().out
 
 
+def test_an_error_larger_than_the_value_is_told_in_times():
+    """The detail tells an error as a share of the largest expected value, and as a multiple
+    where it outgrows it: "17 times its largest value", not "17 of" it."""
+    import torch
+
+    from workbook import spec
+
+    def told(share: float) -> str:
+        difference = spec.Difference("output new_h", 0.116, share, ok=False)
+        return spec.Comparison((difference,), (1e-7, 1e-7), torch.float64).failures()[0]
+
+    assert "max |error| 0.116 (0.341 of its largest value) exceeds" in told(0.341)
+    assert "max |error| 0.116 (17 times its largest value) exceeds" in told(17.0)
+
+
 def test_verify_only_one_exercise_runs_the_tests_that_check_it(tmp_path, monkeypatch, capsys):
     """`make verify N ONLY=name`: the pytest run is given that exercise's tests alone, and the
     summary speaks of it alone (no build or test run here: the commands are recorded)."""

@@ -388,12 +388,18 @@ class Comparison:
     def failures(self) -> list[str]:
         rtol, atol = self.tolerance
         return [f"{d.what}: {d.problem}" if d.problem else
-                f"{d.what}: max |error| {d.max_abs:.3g} ({d.max_rel:.3g} of its largest value) "
+                f"{d.what}: max |error| {d.max_abs:.3g} ({_share(d.max_rel)} its largest value) "
                 f"exceeds rtol={rtol:g}, atol={atol:g} in {dtype_name(self.dtype)}"
                 for d in self.differences if not d.ok]
 
     def assert_ok(self) -> None:
         assert self.ok, "against the float64 reference:\n  " + "\n  ".join(self.failures())
+
+
+def _share(ratio: float) -> str:
+    """An error as a share of the largest expected value: "0.341 of", or "17 times" where it
+    outgrows it (a wrong sign, or a value from another place)."""
+    return f"{ratio:.3g} of" if ratio < 1 else f"{ratio:.3g} times"
 
 
 def _difference(what: str, actual, expected: torch.Tensor, dtype: torch.dtype,
