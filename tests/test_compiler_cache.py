@@ -138,9 +138,9 @@ def test_the_builds_start_in_that_order(monkeypatch, tmp_path):
 def test_what_a_build_needs_of_torch_is_kept_and_asked_again_for_another_setting(tmp_path):
     import torch
 
-    env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path),
-               PYTHONPATH=os.pathsep.join([str(compiler.REPO / "common"),
-                                           os.environ.get("PYTHONPATH", "")]))
+    from workbook.teaching.notebook import pythonpath_with_common
+
+    env = dict(os.environ, WORKBOOK_BUILD_DIR=str(tmp_path), PYTHONPATH=pythonpath_with_common())
     env.pop("ATEN_CPU_CAPABILITY", None)
     code = ("import json, sys\nfrom workbook.build import compiler\n"
             "facts = compiler.torch_facts()\n"

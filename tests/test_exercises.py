@@ -15,6 +15,7 @@ import pytest
 from workbook import testing
 from workbook.build import stages, toolkit
 from workbook.teaching import exercises, pytest_gate
+from workbook.teaching.notebook import pythonpath_with_common
 
 REPO = stages.REPO
 STAGES = stages.all_stages()
@@ -636,8 +637,7 @@ def test_make_verify_itself_loads_no_torch():
             "s = stages.get(1)\n"
             "assert exercises._racecheck(s, s.source_dir, [], {}, {}) == []\n"
             "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'torch')[:3])\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stages.REPO / "common"),
-                                                        os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with_common())
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr
