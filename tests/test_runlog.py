@@ -22,12 +22,18 @@ def test_records_carry_the_step_and_append(monkeypatch, tmp_path):
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv(runlog.ENV, str(log))
     monkeypatch.setenv("WORKBOOK_CI_STEP", "sanitize")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_x.py::test_y[a b] (call)")
     runlog.record("build", "stage 6", 12.5, stage="06", flavour="asan")
     runlog.record("test", "a::b", 0.25, stage="06", flavour="asan")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    runlog.record("build", "stage 7", 3.0, stage="07", flavour="asan")
     rows = runlog.read(log)
-    assert [r["kind"] for r in rows] == ["build", "test"]
+    assert [r["kind"] for r in rows] == ["build", "test", "build"]
     assert all(r["step"] == "sanitize" for r in rows)
     assert rows[0]["s"] == 12.5 and rows[0]["flavour"] == "asan"
+    # A build names the test that ran it; a test's own line, or a build outside pytest, none.
+    assert rows[0]["during"] == "tests/test_x.py::test_y[a b]"
+    assert "during" not in rows[1] and "during" not in rows[2]
 
 
 def test_stage_of_a_path_or_node_id():
@@ -53,7 +59,8 @@ def test_the_report_sums_steps_stages_and_names_the_slowest():
         {"kind": "step", "step": "test", "s": 100, "ccache_hits": 30, "ccache_misses": 10},
         {"kind": "step", "step": "sanitize", "s": 50, "ccache_hits": 10, "ccache_misses": 0},
         {"kind": "build", "step": "test", "stage": "05", "flavour": "nvcc", "what": "", "s": 40},
-        {"kind": "build", "step": "sanitize", "stage": "05", "flavour": "asan", "what": "", "s": 7},
+        {"kind": "build", "step": "sanitize", "stage": "05", "flavour": "asan", "what": "s5",
+         "s": 7, "during": "tests/t.py::test_builds"},
         {"kind": "test", "step": "test", "stage": "05", "flavour": "host", "what": "fast", "s": 1},
         {"kind": "test", "step": "test", "stage": "08", "flavour": "emulated", "what": "slow",
          "s": 55},
@@ -74,6 +81,9 @@ def test_the_report_sums_steps_stages_and_names_the_slowest():
     slowest = text.split("slowest tests")[1].splitlines()
     assert "slow" in slowest[3] and "mid" in slowest[4] and "fast" not in text.split(
         "slowest tests")[1]
+    builds = text.split("slowest builds")[1].splitlines()
+    assert builds[3].split() == ["40.0", "test", "nvcc"]
+    assert builds[4].split() == ["7.0", "sanitize", "asan", "s5", "tests/t.py::test_builds"]
     assert "40 hits, 10 misses (80% hits)" in text
 
 

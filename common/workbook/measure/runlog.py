@@ -12,7 +12,9 @@ Nothing is logged unless WORKBOOK_RUNLOG names a file. Each line is a JSON objec
     {"kind": "reused", "step": "test", "stage": "09", "what": "296 tests", "s": 35.1, "tests": 296}
 
 `kind` build: a stage's setup.py build (builder.build_stage) or an emulated device's library
-(emulate._load), only when something was compiled or linked; test: one test, its setup, call and
+(emulate._load), only when something was compiled or linked, with `during`, the test that ran it
+(pytest's PYTEST_CURRENT_TEST, which a test's child processes inherit; a notebook's kernel too),
+where one did; test: one test, its setup, call and
 teardown (workbook.testing.pytest_timings); step: one step of .ci/run, its wall time and the
 compiler cache's hits and misses over it; reused: the tests of one pytest process whose results
 were kept (workbook.testing.pytest_results), how many and how long they took when they ran.
@@ -66,9 +68,12 @@ def record(kind: str, what: str, seconds: float, *, stage: str = "-", flavour: s
     path = os.environ.get(ENV)
     if not path:
         return
-    line = json.dumps({"kind": kind, "step": os.environ.get("WORKBOOK_CI_STEP", "-"),
-                       "stage": stage, "flavour": flavour, "what": what,
-                       "s": round(seconds, 3), **extra}) + "\n"
+    row = {"kind": kind, "step": os.environ.get("WORKBOOK_CI_STEP", "-"), "stage": stage,
+           "flavour": flavour, "what": what, "s": round(seconds, 3), **extra}
+    current = os.environ.get("PYTEST_CURRENT_TEST")  # "<node id> (setup|call|teardown)"
+    if kind == "build" and current:
+        row["during"] = current.rsplit(" (", 1)[0]
+    line = json.dumps(row) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -114,7 +119,8 @@ def _short(node_id: str, width: int = 120) -> str:
 
 def report(rows: list[dict], slowest: int = 20) -> str:
     """The tables: each step's wall time with its builds and tests summed; build and test
-    seconds per stage and flavour; the slowest tests; the compiler cache's hits and misses.
+    seconds per stage and flavour; the slowest tests; the slowest builds, with the test that
+    ran each; the compiler cache's hits and misses.
     Sums are of the processes' own times: parts that run side by side add up to more than the
     wall time they took."""
     steps = [r for r in rows if r["kind"] == "step"]
@@ -165,6 +171,13 @@ def report(rows: list[dict], slowest: int = 20) -> str:
     out.append(_table(["s", "step", "flavour", "test"],
                       [[f"{r['s']:.1f}", r["step"], r["flavour"], _short(r["what"])]
                        for r in tests]))
+
+    builds = sorted((r for r in rows if r["kind"] == "build"), key=lambda r: -r["s"])[:slowest]
+    out.append(f"\nThe {len(builds)} slowest builds, and the test that ran each (none: the step's "
+               f"own build)")
+    out.append(_table(["s", "step", "flavour", "built", "during"],
+                      [[f"{r['s']:.1f}", r["step"], r["flavour"], r["what"],
+                        _short(r.get("during", ""), 90)] for r in builds]))
 
     hits = sum(s.get("ccache_hits", 0) for s in steps)
     misses = sum(s.get("ccache_misses", 0) for s in steps)
