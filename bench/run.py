@@ -42,6 +42,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results go to OUT/<op>/ (default bench/results, "
                                                  "or build/bench-smoke with --smoke)")
     parser.add_argument("--min-run-time", type=float, help="seconds per measurement")
+    parser.add_argument("--dtype", choices=harness.DTYPES, default="float32",
+                        help="the inputs' dtype (default float32); another goes to its own "
+                             "report, cpu-2threads-bfloat16.md")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="measure nothing: rewrite the .md and .png of a report's .json")
     # Internal: one peak-memory measurement, in the fresh process the harness starts for it.
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for bench in benches:
         status |= harness.run_op(bench, devices, loaded, smoke=args.smoke, out_root=out_root,
-                                 min_run_time=args.min_run_time)
+                                 min_run_time=args.min_run_time, dtype=args.dtype)
     return status
 
 

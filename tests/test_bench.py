@@ -6,6 +6,7 @@ measured); `--render` of the committed LLTM report gives the committed Markdown.
 are reported by the benchmark, never asserted here.)"""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -190,12 +191,12 @@ def test_validator_refuses_a_wrong_implementation(fn, reason):
 # Runs on a small plan, in this process
 
 
-def tiny_lltm(implementations, prepare=lambda config: None):
+def tiny_lltm(implementations, prepare=lambda config: None, dtype="float32"):
     """The LLTM benchmark on two tiny configurations with the given implementations."""
     configs = (harness.Config("tutorial", {"batch": 2, "features": 3, "state": 4}),
                harness.Config("second", {"batch": 3, "features": 5, "state": 8}))
     bench = harness.load_op("lltm")
-    plan = harness.Plan(configs, min_run_time=0.01, profile_iters=1, threads=(1,))
+    plan = harness.Plan(configs, min_run_time=0.01, profile_iters=1, threads=(1,), dtype=dtype)
     bench = dataclasses.replace(bench, plan=lambda device, smoke: plan, targets=lambda device: [],
                                 measure_extra=None)
     impls = [harness.Impl("eager", "plain PyTorch (eager)", reference.lltm, prepare)]
@@ -214,6 +215,33 @@ def test_a_refused_implementation_is_reported_not_timed():
     assert written["refused"] == report["refused"]
     assert "deliberately wrong at tutorial: output new_cell" in (
         run.out_dir / "cpu-1threads.md").read_text()
+
+
+def test_a_run_in_another_dtype_is_validated_at_its_tolerance_and_reported_apart():
+    def far_off(*args):  # wrong past bfloat16's tolerance too
+        new_h, new_cell = reference.lltm(*args)
+        return new_h, new_cell + 0.5
+
+    run = tiny_lltm([harness.Impl("wrong", "deliberately wrong", far_off)], dtype="bfloat16")
+    report = run.run()
+    assert report["dtype"] == "torch.bfloat16"
+    rtol, atol = harness.load_op("lltm").spec.tolerance(torch.bfloat16)
+    assert report["tolerance"] == {"rtol": rtol, "atol": atol} and rtol > 1e-3
+    assert {r["impl"] for r in report["results"]} == {"eager"}
+    assert {r["impl"] for r in report["refused"]} == {"wrong"}
+    assert sorted(p.name for p in run.out_dir.glob("*.json")) == ["cpu-1threads-bfloat16.json"]
+    assert "- bfloat16; " in (run.out_dir / "cpu-1threads-bfloat16.md").read_text()
+
+
+def test_the_command_line_takes_the_dtypes_the_harness_knows():
+    spec = importlib.util.spec_from_file_location("bench_run", RUN)
+    bench_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_run)
+    assert bench_run.parse([]).dtype == "float32"
+    assert bench_run.parse(["--dtype", "float16"]).dtype == "float16"
+    with pytest.raises(SystemExit):
+        bench_run.parse(["--dtype", "int8"])
+    assert all(isinstance(getattr(torch, d), torch.dtype) for d in harness.DTYPES)
 
 
 class CutShort(Exception):

@@ -51,6 +51,8 @@ from typing import Any
 from workbook.build import stages  # imports no torch
 
 REPO = stages.REPO
+# The dtypes a run can take its inputs in (bench/run.py --dtype); the reference stays float64.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 # Inductor's generated code and its caches go under build/, like every other build output; set
 # before torch is imported, which reads it.
@@ -121,7 +123,7 @@ class Plan:
     min_blocks: int = 1
     memory: tuple[str, ...] = ()  # configurations whose peak memory of forward + backward is taken
     memory_repeats: int = 1
-    dtype: str = "float32"
+    dtype: str = "float32"  # one of DTYPES
 
     def thread_counts(self) -> tuple[int, ...]:
         return self.threads or (torch.get_num_threads(),)
@@ -897,8 +899,10 @@ def machine_info(device: str, plan: Plan) -> dict:
     threads = max(plan.thread_counts())
     info = {
         "device": device, "description": timing.describe_machine(device),
-        # One report per device and thread count: cpu-2threads, nvidia-h200.
-        "slug": f"cpu-{threads}threads" if device == "cpu" else timing.machine_slug(device),
+        # One report per device, thread count and dtype: cpu-2threads, nvidia-h200,
+        # cpu-2threads-bfloat16 (float32, the default, is not named).
+        "slug": (f"cpu-{threads}threads" if device == "cpu" else timing.machine_slug(device))
+        + ("" if plan.dtype == "float32" else f"-{plan.dtype}"),
         "torch": torch.__version__, "python": platform.python_version(),
         "threads": threads, "thread_counts": list(plan.thread_counts()), "cores": os.cpu_count(),
         "cpu": cpu_model(), "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -1268,13 +1272,17 @@ def _plot_bars(report: dict, phases: Sequence[str], plt):
 
 
 def run_op(bench: OpBench, devices: Sequence[str], loaded: Mapping[int, Any], *, smoke: bool,
-           out_root: Path, min_run_time: float | None = None, log=print) -> int:
-    """Run `bench` on each device; 1 when an implementation was refused, else 0."""
+           out_root: Path, min_run_time: float | None = None, dtype: str | None = None,
+           log=print) -> int:
+    """Run `bench` on each device, in `dtype` (one of DTYPES; None: the plan's); 1 when an
+    implementation was refused, else 0."""
     status = 0
     for device in devices:
         plan = bench.plan(device, smoke)
         if min_run_time:
             plan = dataclasses.replace(plan, min_run_time=min_run_time)
+        if dtype:
+            plan = dataclasses.replace(plan, dtype=dtype)
         stage_impls, skipped = stage_implementations(bench.op, device, loaded)
         impls = bench.implementations(device) + stage_impls
         log(f"\n[bench] ===== {bench.op} on {timing.describe_machine(device)}, thread counts "
