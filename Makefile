@@ -208,7 +208,8 @@ diff: $(ENV_READY)
 demo: $(ENV_READY)
 	@$(PY) $(REPO)/scripts/demo.py
 
-# OP=lltm for one op; BENCH_ARGS="--smoke" for a quick run, "--device cuda" for the GPU only.
+# OP=lltm for one op; BENCH_ARGS="--smoke" for a quick run, "--device cuda" for the GPU only,
+# "--dtype bfloat16" for inputs in another dtype (a report of its own).
 bench: $(ENV_READY)
 	@$(PY) -m workbook.build all
 	@$(PY) $(REPO)/bench/run.py $(if $(OP),--op $(OP)) $(BENCH_ARGS)
