@@ -156,7 +156,8 @@ class Impl:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A goal, reported and never asserted. Kinds, at the configuration's most threads:
+    """A goal, reported and never asserted. Kinds, at the configuration's most threads unless
+    `threads` names the thread count a speedup or within target is read at:
 
     speedup  base time / impl time >= threshold       (phase "step": the phases summed)
     within   impl time / base time <= threshold       (no more than threshold times slower)
@@ -172,6 +173,7 @@ class Target:
     phase: str
     threshold: float
     kind: str = "speedup"
+    threads: int | None = None  # speedup, within: read at this thread count (None: the most)
 
     @property
     def at_most(self) -> bool:
@@ -574,12 +576,18 @@ def _noise(t: dict) -> float:
     return timing.relative_iqr(t["iqr_us"], t["median_us"])
 
 
+def target_threads(t: Target | dict, plan_threads: Sequence[int]) -> int:
+    """The thread count a speed target is read at: its own, or the most threads timed."""
+    threads = t.threads if isinstance(t, Target) else t.get("threads")
+    return threads or max(plan_threads)
+
+
 def _time_value(t: Target, report: dict) -> tuple[float | None, float | None, str]:
-    rows, top = _rows_by(report), max(report["plan_threads"])
-    impl, base = rows.get((t.config, t.impl, top)), rows.get((t.config, t.base, top))
+    rows, n = _rows_by(report), target_threads(t, report["plan_threads"])
+    impl, base = rows.get((t.config, t.impl, n)), rows.get((t.config, t.base, n))
     if impl is None or base is None:
         missing = t.impl if impl is None else t.base
-        return None, None, f"{missing} was not measured at {t.config} ({top} threads)"
+        return None, None, f"{missing} was not measured at {t.config} ({n} threads)"
     phases = report["phases"] if t.phase == "step" else [t.phase]
     t_impl = sum(impl[p]["median_us"] for p in phases)
     t_base = sum(base[p]["median_us"] for p in phases)
@@ -825,13 +833,14 @@ class DeviceRun:
             sample = self.bench.sample(config, self.device, self.dtype)
             grads = incoming_gradients(self.bench.spec, sample)
             sides = {}
-            with timing.intra_op_threads(self.top_threads):
+            threads = target_threads(target, self.plan.thread_counts())
+            with timing.intra_op_threads(threads):
                 for key in (target["impl"], target["base"]):
                     by_key[key].prepare(config)
                     runners = runners_for(by_key[key], config, self.device, sample, grads, phases)
-                    row = rows[(config.name, key, self.top_threads)]
+                    row = rows[(config.name, key, threads)]
                     sides[key] = {p: self.profile(runners[p], row[p]["median_us"]) for p in phases}
-            floor = rows.get((config.name, self.bench.floor, self.top_threads))
+            floor = rows.get((config.name, self.bench.floor, threads))
             target["profile"] = sides
             target["why"] = reason_text(dict(target, device=self.device), sides, floor, self.bench)
             self.log(f"\n[bench] missed: {target['name']} ({target['config']}): {target['why']}")
@@ -1142,7 +1151,8 @@ TARGET_READING = {
 
 def _targets_section(report: dict) -> list[str]:
     kinds = dict.fromkeys(t["kind"] for t in report["targets"])
-    reading = ("Measured, at the most threads timed: " + "; ".join(TARGET_READING[k] for k in kinds)
+    reading = ("Measured, at the most threads timed unless a target names its thread count: "
+               + "; ".join(TARGET_READING[k] for k in kinds)
                + ". Noise: the largest IQR / median among the timings compared"
                + (" (memory: the spread of repeats)" if "memory" in kinds else "") + ".")
     lines = ["## Targets", "", reading, "",
