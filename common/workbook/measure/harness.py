@@ -1151,7 +1151,9 @@ TARGET_READING = {
 
 def _targets_section(report: dict) -> list[str]:
     kinds = dict.fromkeys(t["kind"] for t in report["targets"])
-    reading = ("Measured, at the most threads timed unless a target names its thread count: "
+    own = any(t.get("threads") for t in report["targets"])  # a target read at its own count
+    reading = ("Measured, at the most threads timed"
+               + (" unless a target names its thread count" if own else "") + ": "
                + "; ".join(TARGET_READING[k] for k in kinds)
                + ". Noise: the largest IQR / median among the timings compared"
                + (" (memory: the spread of repeats)" if "memory" in kinds else "") + ".")
